@@ -1,0 +1,2 @@
+"""A Python inference engine for GGUF language models."""
+__version__ = "0.1.0"

@@ -1,0 +1,367 @@
+"""Tokenizers built from GGUF metadata alone, reproducing llama.cpp's token for token.
+
+- SPM (`tokenizer.ggml.model = llama`): score-driven bigram merging over UTF-8 characters, byte fallback.
+- BPE (`tokenizer.ggml.model = gpt2`): byte-level mapping, pre-tokenizer regexes chosen by `tokenizer.ggml.pre`,
+  merges by rank.
+- Special tokens (control and user-defined) written in the text are split out first, longest first.
+- Chat templates (`tokenizer.chat_template`) rendered with a sandboxed jinja2.
+"""
+from __future__ import annotations
+
+import codecs
+import heapq
+from datetime import datetime
+from functools import lru_cache
+from typing import Iterable
+
+import regex
+
+from .gguf import GGUFFile
+
+# token types stored in tokenizer.ggml.token_type
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+
+class TokenizerError(ValueError):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# BPE pre-tokenizer regexes, applied in sequence (each splits the pieces of the previous one), by tokenizer.ggml.pre
+# ---------------------------------------------------------------------------------------------------------------
+
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_TOKENIZERS = {
+    "default": [r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"],
+    "gpt-2": [_GPT2],
+    "smollm": [r"\p{N}", _GPT2],
+    "starcoder": [r"\p{N}", _GPT2],
+    "llama3": [_LLAMA3],
+    "llama-bpe": [_LLAMA3],
+    "qwen2": [_QWEN2],
+}
+
+
+def _regex_split(text: str, patterns: list[regex.Pattern]) -> list[str]:
+    pieces = [text]
+    for pat in patterns:
+        out = []
+        for piece in pieces:
+            start = 0
+            for m in pat.finditer(piece):
+                if m.start() > start:
+                    out.append(piece[start:m.start()])
+                out.append(m.group())
+                start = m.end()
+            if start < len(piece):
+                out.append(piece[start:])
+        pieces = out
+    return pieces
+
+
+@lru_cache(maxsize=1)
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible mapping of bytes to printable characters."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    mapping, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            mapping[b] = chr(b)
+        else:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the tokenizer
+# ---------------------------------------------------------------------------------------------------------------
+
+class Tokenizer:
+    """Text <-> token ids for one GGUF vocabulary."""
+
+    def __init__(self, gguf: GGUFFile):
+        md = gguf.metadata
+        self.model = md.get("tokenizer.ggml.model")
+        if self.model not in ("llama", "gpt2"):
+            raise TokenizerError(f"{gguf.path}: unsupported tokenizer model {self.model!r} (supported: llama, gpt2)")
+        self.tokens: list[str] = list(md["tokenizer.ggml.tokens"])
+        n = len(self.tokens)
+        types = md.get("tokenizer.ggml.token_type")
+        self.types = [int(t) for t in types] if types is not None else [NORMAL] * n
+        scores = md.get("tokenizer.ggml.scores")
+        self.scores = [float(s) for s in scores] if scores is not None else [0.0] * n
+        self.token_to_id = {}
+        for i, t in enumerate(self.tokens):
+            self.token_to_id.setdefault(t, i)
+        self.bos_id = md.get("tokenizer.ggml.bos_token_id")
+        self.eos_id = md.get("tokenizer.ggml.eos_token_id")
+        self.eot_id = md.get("tokenizer.ggml.eot_token_id")
+        self.unk_id = md.get("tokenizer.ggml.unknown_token_id")
+        self.pad_id = md.get("tokenizer.ggml.padding_token_id")
+        self.add_bos = bool(md.get("tokenizer.ggml.add_bos_token", self.model == "llama"))
+        self.add_eos = bool(md.get("tokenizer.ggml.add_eos_token", False))
+        self.add_space_prefix = bool(md.get("tokenizer.ggml.add_space_prefix", self.model == "llama"))
+        self.chat_template = md.get("tokenizer.chat_template")
+        self.architecture = md.get("general.architecture", "")
+        # special tokens split out before tokenizing, longest text first (llama.cpp's order)
+        self._specials = sorted((i for i in range(n) if self.types[i] in (CONTROL, USER_DEFINED, UNKNOWN)
+                                 and self.tokens[i]), key=lambda i: -len(self.tokens[i]))
+        self.eog_ids = self._end_of_generation_ids()
+        if self.model == "gpt2":
+            pre = md.get("tokenizer.ggml.pre", "default")
+            if pre not in PRE_TOKENIZERS:
+                raise TokenizerError(f"{gguf.path}: unsupported BPE pre-tokenizer {pre!r} "
+                                     f"(supported: {', '.join(PRE_TOKENIZERS)})")
+            self._patterns = [regex.compile(p) for p in PRE_TOKENIZERS[pre]]
+            self._ignore_merges = pre in ("llama3", "llama-bpe")
+            merges = md.get("tokenizer.ggml.merges")
+            if merges is None:
+                raise TokenizerError(f"{gguf.path}: BPE vocabulary without tokenizer.ggml.merges")
+            self._ranks = {}
+            for rank, m in enumerate(merges):
+                a, _, b = m.partition(" ")
+                self._ranks.setdefault((a, b), rank)
+            self._b2u = _byte_to_unicode()
+            self._u2b = {c: b for b, c in self._b2u.items()}
+            self._word_cache: dict[str, list[int]] = {}
+        else:
+            self._byte_ids = [self.token_to_id.get(f"<0x{b:02X}>") for b in range(256)]
+
+    @property
+    def n_vocab(self) -> int:
+        return len(self.tokens)
+
+    def _end_of_generation_ids(self) -> set[int]:
+        ids = {i for i in (self.eos_id, self.eot_id) if i is not None}
+        for name in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>", "<|end|>", "<eos>"):
+            i = self.token_to_id.get(name)
+            if i is not None and self.types[i] == CONTROL:
+                ids.add(i)
+        return ids
+
+    # -- encoding --------------------------------------------------------------------------------------------
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Text -> ids. add_special adds BOS/EOS as the metadata asks; parse_special splits out control tokens
+        written in the text (user-defined tokens are always split out, as llama.cpp does)."""
+        out: list[int] = []
+        if add_special and self.add_bos and self.bos_id is not None:
+            out.append(self.bos_id)
+        prev_special = True
+        for frag in self._partition(text, parse_special):
+            if isinstance(frag, int):
+                out.append(frag)
+                prev_special = True
+            elif self.model == "llama":
+                if self.add_space_prefix and prev_special:
+                    frag = " " + frag
+                out.extend(self._spm(frag.replace(" ", "\u2581")))
+                prev_special = False
+            else:
+                out.extend(self._bpe(frag))
+        if add_special and self.add_eos and self.eos_id is not None:
+            out.append(self.eos_id)
+        return out
+
+    def _partition(self, text: str, parse_special: bool) -> list[str | int]:
+        """Split text into raw-text fragments and special token ids, longest special token first."""
+        frags: list[str | int] = [text]
+        for tid in self._specials:
+            tok = self.tokens[tid]
+            if not parse_special and self.types[tid] != USER_DEFINED:
+                continue
+            if not any(isinstance(f, str) and tok in f for f in frags):
+                continue
+            new: list[str | int] = []
+            for f in frags:
+                if isinstance(f, int) or tok not in f:
+                    new.append(f)
+                    continue
+                parts = f.split(tok)
+                for k, part in enumerate(parts):
+                    if k:
+                        new.append(tid)
+                    if part:
+                        new.append(part)
+            frags = new
+        return frags
+
+    def _spm(self, text: str) -> list[int]:
+        """llama.cpp's SPM: merge the best-scoring adjacent pair that is a token, until none is left."""
+        if not text:
+            return []
+        sym = list(text)                         # symbol text; "" once merged into its left neighbour
+        prev = list(range(-1, len(sym) - 1))
+        nxt = list(range(1, len(sym) + 1))
+        nxt[-1] = -1
+        t2i, scores = self.token_to_id, self.scores
+        heap: list[tuple[float, int, int, str]] = []  # (-score, left, right, merged text): best score, then leftmost
+
+        def add(left: int, right: int):
+            if left < 0 or right < 0:
+                return
+            s = sym[left] + sym[right]
+            tid = t2i.get(s)
+            if tid is None:
+                return
+            heapq.heappush(heap, (-scores[tid], left, right, s))
+
+        for i in range(1, len(sym)):
+            add(i - 1, i)
+        while heap:
+            _, left, right, s = heapq.heappop(heap)
+            if not sym[left] or not sym[right] or sym[left] + sym[right] != s:
+                continue
+            sym[left], sym[right] = s, ""
+            nxt[left] = nxt[right]
+            if nxt[right] >= 0:
+                prev[nxt[right]] = left
+            add(prev[left], left)
+            add(left, nxt[left])
+
+        # every merged symbol is a token; a single character that is not one falls back to its bytes
+        out: list[int] = []
+        i = 0
+        while i != -1:
+            tid = t2i.get(sym[i])
+            if tid is not None:
+                out.append(tid)
+            else:
+                out.extend(self._byte_ids[b] for b in sym[i].encode("utf-8") if self._byte_ids[b] is not None)
+            i = nxt[i]
+        return out
+
+    def _bpe(self, text: str) -> list[int]:
+        out: list[int] = []
+        for word in _regex_split(text, self._patterns):
+            ids = self._word_cache.get(word)
+            if ids is None:
+                ids = self._bpe_word("".join(self._b2u[b] for b in word.encode("utf-8")))
+                if len(self._word_cache) < 100_000:
+                    self._word_cache[word] = ids
+            out.extend(ids)
+        return out
+
+    def _bpe_word(self, word: str) -> list[int]:
+        t2i = self.token_to_id
+        if self._ignore_merges and word in t2i:
+            return [t2i[word]]
+        parts = list(word)
+        ranks = self._ranks
+        while len(parts) > 1:
+            best, best_rank = -1, None
+            for i in range(len(parts) - 1):
+                r = ranks.get((parts[i], parts[i + 1]))
+                if r is not None and (best_rank is None or r < best_rank):
+                    best, best_rank = i, r
+            if best < 0:
+                break
+            a, b = parts[best], parts[best + 1]
+            merged, i = [], 0
+            while i < len(parts):  # merge every occurrence of the pair, left to right
+                if i < len(parts) - 1 and parts[i] == a and parts[i + 1] == b:
+                    merged.append(a + b)
+                    i += 2
+                else:
+                    merged.append(parts[i])
+                    i += 1
+            parts = merged
+        out = []
+        for p in parts:
+            tid = t2i.get(p)
+            if tid is not None:
+                out.append(tid)
+            else:  # llama.cpp's fallback: each byte-character that is a token on its own
+                out.extend(t2i[c] for c in p if c in t2i)
+        return out
+
+    # -- decoding --------------------------------------------------------------------------------------------
+    def token_bytes(self, tid: int, special: bool = False) -> bytes:
+        """The bytes a token stands for; control tokens are empty unless `special`."""
+        if not 0 <= tid < len(self.tokens):
+            raise TokenizerError(f"token id {tid} is outside the vocabulary (0..{len(self.tokens) - 1})")
+        ttype, text = self.types[tid], self.tokens[tid]
+        if ttype == CONTROL:
+            return text.encode("utf-8") if special else b""
+        if ttype == USER_DEFINED or ttype == UNKNOWN:
+            return text.encode("utf-8")
+        if self.model == "gpt2":
+            u2b = self._u2b
+            return bytes(u2b[c] for c in text if c in u2b) if all(c in u2b for c in text) else text.encode("utf-8")
+        if ttype == BYTE:
+            return bytes([int(text[3:5], 16)])
+        return text.replace("\u2581", " ").encode("utf-8")
+
+    def decode(self, ids: Iterable[int], special: bool = False) -> str:
+        return b"".join(self.token_bytes(t, special) for t in ids).decode("utf-8", errors="replace")
+
+    def stream_decoder(self, special: bool = False) -> "StreamDecoder":
+        return StreamDecoder(self, special)
+
+    def piece(self, tid: int) -> str:
+        return self.token_bytes(tid, special=True).decode("utf-8", errors="replace")
+
+    # -- chat ------------------------------------------------------------------------------------------------
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """Render the GGUF chat template (or a built-in one for templates-less files) for a list of messages."""
+        from jinja2 import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        source = self.chat_template or _fallback_template(self.architecture)
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+        def raise_exception(message):
+            raise TemplateError(message)
+
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        bos = self.tokens[self.bos_id] if self.bos_id is not None else ""
+        eos = self.tokens[self.eos_id] if self.eos_id is not None else ""
+        try:
+            return env.from_string(source).render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                                  bos_token=bos, eos_token=eos)
+        except TemplateError as e:
+            raise TokenizerError(f"chat template failed: {e}") from None
+        except Exception as e:  # errors raised by the template's own code (a bad message list, a type error...)
+            raise TokenizerError(f"chat template failed: {type(e).__name__}: {e}") from None
+
+    def chat_prompt_ids(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """The token ids of a chat: the template's text (which carries its own BOS, if any) parsed with specials."""
+        text = self.apply_chat_template(messages, add_generation_prompt)
+        bos = self.tokens[self.bos_id] if self.bos_id is not None else None
+        add_special = not (bos and text.startswith(bos))
+        return self.encode(text, add_special=add_special, parse_special=True)
+
+
+class StreamDecoder:
+    """Incremental detokenizer: never emits half a UTF-8 character, never loses one."""
+
+    def __init__(self, tok: Tokenizer, special: bool = False):
+        self.tok, self.special = tok, special
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def add(self, tid: int) -> str:
+        return self._dec.decode(self.tok.token_bytes(tid, self.special))
+
+    def flush(self) -> str:
+        return self._dec.decode(b"", final=True)
+
+
+_GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{% if role == 'system' %}{% set role = 'user' %}{% endif %}"
+    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
+_CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def _fallback_template(architecture: str) -> str:
+    """A file without tokenizer.chat_template gets its family's format (llama.cpp falls back to ChatML)."""
+    return _GEMMA_TEMPLATE if architecture.startswith("gemma") else _CHATML_TEMPLATE
