@@ -1,0 +1,33 @@
+"""Backend selection: `cpu` (numpy), `cuda` (CuPy + the project's kernels), `auto` (the GPU when CuPy sees one)."""
+from __future__ import annotations
+
+
+class BackendError(RuntimeError):
+    pass
+
+
+def cuda_available() -> bool:
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def get_backend(device: str = "auto", exact: bool = False):
+    if device == "auto":
+        device = "cuda" if not exact and cuda_available() else "cpu"
+    if device == "cpu":
+        from .cpu import CPUBackend
+        return CPUBackend(exact=exact)
+    if device == "cuda":
+        if exact:
+            raise BackendError("the exact (float64) mode runs on the CPU backend only")
+        if not cuda_available():
+            raise BackendError("--device cuda: no CUDA GPU visible to CuPy (install engine[cuda] on a GPU machine)")
+        try:
+            from .cuda import CUDABackend
+        except ImportError as e:
+            raise BackendError(f"the CUDA backend is not available: {e}") from None
+        return CUDABackend()
+    raise BackendError(f"unknown device {device!r} (cpu, cuda or auto)")

@@ -1,0 +1,93 @@
+"""The operations a model is written in. Each backend (numpy, CUDA) implements all of them.
+
+Arrays are the backend's own (numpy or cupy); models only reshape them and pass them back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..gguf import TensorInfo
+
+
+@dataclass
+class Batch:
+    """One forward pass: tokens from one or more sequences; each sequence's tokens are contiguous and in order."""
+    tokens: np.ndarray        # [n] int32
+    positions: np.ndarray     # [n] int32, position of each token in its sequence
+    seq_ids: np.ndarray       # [n] int32, KV-cache slot of each token's sequence
+    logit_rows: np.ndarray    # [n_out] int32, rows whose logits are wanted
+    seq_ranges: list[tuple[int, int, int]] = field(default_factory=list)  # (seq_id, start, end) per sequence
+
+    @classmethod
+    def make(cls, tokens, positions, seq_ids, logit_rows) -> "Batch":
+        tokens = np.asarray(tokens, np.int32)
+        positions = np.asarray(positions, np.int32)
+        seq_ids = np.asarray(seq_ids, np.int32)
+        ranges, start = [], 0
+        for i in range(1, len(seq_ids) + 1):
+            if i == len(seq_ids) or seq_ids[i] != seq_ids[start]:
+                ranges.append((int(seq_ids[start]), start, i))
+                start = i
+        return cls(tokens, positions, seq_ids, np.asarray(logit_rows, np.int32), ranges)
+
+    @classmethod
+    def single(cls, tokens, start_pos: int, seq_id: int = 0, all_logits: bool = False) -> "Batch":
+        n = len(tokens)
+        rows = np.arange(n) if all_logits else [n - 1]
+        return cls.make(tokens, np.arange(start_pos, start_pos + n), np.full(n, seq_id), rows)
+
+
+class Backend:
+    """The interface; see backends/cpu.py for the reference semantics of each operation."""
+    name = "abstract"
+
+    def weight(self, info: TensorInfo, data: np.ndarray):
+        """A weight tensor (raw GGUF bytes) in whatever form this backend computes with."""
+        raise NotImplementedError
+
+    def embed(self, table, tokens: np.ndarray):
+        """Rows of an embedding table: -> [n, n_embd]."""
+        raise NotImplementedError
+
+    def mul_mat(self, w, x):
+        """x: [n, k] times the weight w: [m, k] -> [n, m]."""
+        raise NotImplementedError
+
+    def rms_norm(self, x, w, eps: float):
+        """RMS norm over the last axis, times w."""
+        raise NotImplementedError
+
+    def rope(self, x, positions: np.ndarray, n_rot: int, base: float, neox: bool):
+        """x: [n, heads, head_dim] rotated by position; adjacent pairs, or halves (neox)."""
+        raise NotImplementedError
+
+    def attention(self, q, k, v, cache, layer: int, batch: Batch, scale: float, window: int | None):
+        """Store k, v in the cache, then causal (optionally sliding-window) GQA attention: -> [n, heads*head_dim]."""
+        raise NotImplementedError
+
+    def kv_cache(self, n_layer: int, n_seq: int, n_ctx: int, n_head_kv: int, head_dim: int):
+        raise NotImplementedError
+
+    def swiglu(self, gate, up):
+        """silu(gate) * up."""
+        raise NotImplementedError
+
+    def geglu(self, gate, up):
+        """gelu_tanh(gate) * up."""
+        raise NotImplementedError
+
+    def add(self, a, b):
+        raise NotImplementedError
+
+    def scale(self, x, s: float):
+        raise NotImplementedError
+
+    def rows(self, x, idx: np.ndarray):
+        """x[idx]."""
+        raise NotImplementedError
+
+    def to_numpy(self, x) -> np.ndarray:
+        """float32 numpy copy of a backend array (logits)."""
+        raise NotImplementedError

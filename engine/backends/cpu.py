@@ -1,0 +1,107 @@
+"""The numpy backend: weights dequantized once at load, float32 arithmetic (float64 in "exact" mode).
+
+This is the numerical reference for the GPU path.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..gguf import TensorInfo
+from ..quants import dequantize
+from .base import Backend, Batch
+
+
+class CPUKVCache:
+    def __init__(self, n_layer, n_seq, n_ctx, n_head_kv, head_dim, dtype):
+        shape = (n_seq, n_ctx, n_head_kv, head_dim)
+        self.k = [np.zeros(shape, dtype) for _ in range(n_layer)]   # per layer: [n_seq, n_ctx, n_head_kv, head_dim]
+        self.v = [np.zeros(shape, dtype) for _ in range(n_layer)]
+        self.n_ctx = n_ctx
+
+
+class CPUBackend(Backend):
+    name = "cpu"
+
+    def __init__(self, exact: bool = False):
+        self.exact = exact
+        self.dtype = np.float64 if exact else np.float32
+
+    def weight(self, info: TensorInfo, data: np.ndarray) -> np.ndarray:
+        return dequantize(data, info.type, info.np_shape).astype(self.dtype, copy=False)
+
+    def embed(self, table, tokens):
+        return table[tokens]                                            # [n, n_embd]
+
+    def mul_mat(self, w, x):
+        return x @ w.T                                                  # [n, k] @ [k, m] -> [n, m]
+
+    def rms_norm(self, x, w, eps):
+        ms = np.mean(np.square(x), axis=-1, keepdims=True)
+        return (x / np.sqrt(ms + eps)) * w
+
+    def rope(self, x, positions, n_rot, base, neox):
+        half = n_rot // 2
+        inv_freq = base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)       # [half]
+        angle = positions.astype(np.float64)[:, None] * inv_freq[None, :]           # [n, half]
+        cos = np.cos(angle).astype(self.dtype)[:, None, :]                          # [n, 1, half]
+        sin = np.sin(angle).astype(self.dtype)[:, None, :]
+        out = x.copy()
+        if neox:
+            a, b = x[..., :half], x[..., half:n_rot]
+            out[..., :half] = a * cos - b * sin
+            out[..., half:n_rot] = a * sin + b * cos
+        else:
+            a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+            out[..., 0:n_rot:2] = a * cos - b * sin
+            out[..., 1:n_rot:2] = a * sin + b * cos
+        return out
+
+    def kv_cache(self, n_layer, n_seq, n_ctx, n_head_kv, head_dim):
+        return CPUKVCache(n_layer, n_seq, n_ctx, n_head_kv, head_dim, self.dtype)
+
+    def attention(self, q, k, v, cache, layer, batch: Batch, scale, window):
+        n, n_head, d = q.shape
+        n_kv = k.shape[1]
+        group = n_head // n_kv
+        kc, vc = cache.k[layer], cache.v[layer]                     # [n_seq, n_ctx, n_kv, d]
+        kc[batch.seq_ids, batch.positions] = k
+        vc[batch.seq_ids, batch.positions] = v
+        out = np.empty((n, n_head, d), self.dtype)
+        for seq, a, b in batch.seq_ranges:
+            pos = batch.positions[a:b]                              # [nq]
+            hi = int(pos.max()) + 1
+            lo = max(0, int(pos.min()) - window + 1) if window else 0
+            keys = kc[seq, lo:hi].transpose(1, 2, 0)                # [n_kv, d, L]
+            vals = vc[seq, lo:hi].transpose(1, 0, 2)                # [n_kv, L, d]
+            qs = q[a:b].reshape(b - a, n_kv, group, d).transpose(1, 2, 0, 3)   # [n_kv, group, nq, d]
+            scores = (qs @ keys[:, None]) * scale                   # [n_kv, group, nq, L]
+            kpos = np.arange(lo, hi)
+            masked = kpos[None, :] > pos[:, None]                   # [nq, L]: future keys
+            if window:
+                masked |= kpos[None, :] <= pos[:, None] - window
+            scores[..., masked] = -np.inf
+            scores -= scores.max(axis=-1, keepdims=True)
+            probs = np.exp(scores)
+            probs /= probs.sum(axis=-1, keepdims=True)
+            o = probs @ vals[:, None]                               # [n_kv, group, nq, d]
+            out[a:b] = o.transpose(2, 0, 1, 3).reshape(b - a, n_head, d)
+        return out.reshape(n, n_head * d)
+
+    def swiglu(self, gate, up):
+        return gate / (1.0 + np.exp(-gate)) * up
+
+    def geglu(self, gate, up):
+        c = np.sqrt(2.0 / np.pi)
+        return 0.5 * gate * (1.0 + np.tanh(c * (gate + 0.044715 * gate ** 3))) * up
+
+    def add(self, a, b):
+        return a + b
+
+    def scale(self, x, s):
+        return x * s
+
+    def rows(self, x, idx):
+        return x[idx]
+
+    def to_numpy(self, x):
+        return np.asarray(x, dtype=np.float32)

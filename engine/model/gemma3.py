@@ -1,0 +1,60 @@
+"""Gemma 3: scaled embeddings, Q/K RMS norms, post-attention and post-FFN norms, GELU (tanh), sliding-window layers."""
+from __future__ import annotations
+
+import math
+
+from ..backends.base import Batch
+from .base import Transformer
+
+SLIDING_ROPE_BASE = 10_000.0   # rope base of the sliding-window layers (not stored in the file)
+GLOBAL_EVERY = 6               # layer il is global when il % 6 == 5
+
+
+class Gemma3(Transformer):
+    def __init__(self, gguf, backend, config):
+        super().__init__(gguf, backend, config)
+        c = config
+        q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+        self.tok_embd = self.weight("token_embd.weight", (c.n_vocab, c.n_embd))
+        self.output_norm = self.weight("output_norm.weight", (c.n_embd,))
+        self.output = self.output_weight(self.tok_embd)
+        self.layers = [self.layer_weights(il, {
+            "attn_norm": ("attn_norm.weight", (c.n_embd,)),
+            "wq": ("attn_q.weight", (q_dim, c.n_embd)),
+            "wk": ("attn_k.weight", (kv_dim, c.n_embd)),
+            "wv": ("attn_v.weight", (kv_dim, c.n_embd)),
+            "q_norm": ("attn_q_norm.weight", (c.head_dim,)),
+            "k_norm": ("attn_k_norm.weight", (c.head_dim,)),
+            "wo": ("attn_output.weight", (c.n_embd, q_dim)),
+            "post_attn_norm": ("post_attention_norm.weight", (c.n_embd,)),
+            "ffn_norm": ("ffn_norm.weight", (c.n_embd,)),
+            "gate": ("ffn_gate.weight", (c.n_ff, c.n_embd)),
+            "up": ("ffn_up.weight", (c.n_ff, c.n_embd)),
+            "down": ("ffn_down.weight", (c.n_embd, c.n_ff)),
+            "post_ffn_norm": ("post_ffw_norm.weight", (c.n_embd,)),
+        }) for il in range(c.n_layer)]
+
+    def is_sliding(self, il: int) -> bool:
+        return self.cfg.sliding_window is not None and il % GLOBAL_EVERY < GLOBAL_EVERY - 1
+
+    def forward(self, batch: Batch, cache):
+        B, c = self.B, self.cfg
+        n = len(batch.tokens)
+        x = B.scale(B.embed(self.tok_embd, batch.tokens), math.sqrt(c.n_embd))   # x: [n, n_embd]
+        for il, L in enumerate(self.layers):
+            sliding = self.is_sliding(il)
+            base = SLIDING_ROPE_BASE if sliding else c.rope_base
+            h = B.rms_norm(x, L.attn_norm, c.rms_eps)                             # h: [n, n_embd]
+            q = B.mul_mat(L.wq, h).reshape(n, c.n_head, c.head_dim)               # q: [n, n_head, head_dim]
+            k = B.mul_mat(L.wk, h).reshape(n, c.n_head_kv, c.head_dim)            # k: [n, n_head_kv, head_dim]
+            v = B.mul_mat(L.wv, h).reshape(n, c.n_head_kv, c.head_dim)            # v: [n, n_head_kv, head_dim]
+            q = B.rope(B.rms_norm(q, L.q_norm, c.rms_eps), batch.positions, c.n_rot, base, neox=True)
+            k = B.rope(B.rms_norm(k, L.k_norm, c.rms_eps), batch.positions, c.n_rot, base, neox=True)
+            window = c.sliding_window if sliding else None
+            a = B.attention(q, k, v, cache, il, batch, 1.0 / math.sqrt(c.head_dim), window)  # a: [n, n_head*head_dim]
+            x = B.add(x, B.rms_norm(B.mul_mat(L.wo, a), L.post_attn_norm, c.rms_eps))
+            h = B.rms_norm(x, L.ffn_norm, c.rms_eps)
+            f = B.geglu(B.mul_mat(L.gate, h), B.mul_mat(L.up, h))                  # f: [n, n_ff]
+            x = B.add(x, B.rms_norm(B.mul_mat(L.down, f), L.post_ffn_norm, c.rms_eps))
+        x = B.rms_norm(B.rows(x, batch.logit_rows), self.output_norm, c.rms_eps)   # x: [n_out, n_embd]
+        return B.mul_mat(self.output, x)                                          # logits: [n_out, n_vocab]

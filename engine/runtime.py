@@ -1,0 +1,139 @@
+"""Load a model, prefill prompts in ubatches, decode token by token: the engine's core loop.
+
+    rt = Runtime.load("smollm2-135m", device="cpu")
+    for tok in rt.generate(rt.tokenizer.encode("Hello"), SamplingParams(temperature=0), max_tokens=16):
+        ...
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from .backends import get_backend
+from .backends.base import Batch
+from .gguf import GGUFFile
+from .hub import resolve_model
+from .model import load_model
+from .sampling import Sampler, SamplingParams
+from .tokenizer import Tokenizer
+
+DEFAULT_CTX = 4096
+DEFAULT_UBATCH = 512
+
+
+class ContextLengthError(ValueError):
+    pass
+
+
+@dataclass
+class Timings:
+    prompt_tokens: int = 0
+    prompt_seconds: float = 0.0
+    generated_tokens: int = 0
+    generate_seconds: float = 0.0
+    time_to_first_token: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "prompt_tokens_per_s": self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0,
+            "generated_tokens_per_s": (self.generated_tokens - 1) / self.generate_seconds
+            if self.generate_seconds and self.generated_tokens > 1 else 0.0,
+            "time_to_first_token_s": self.time_to_first_token,
+        }
+
+
+@dataclass
+class Generation:
+    """State of one sequence being generated; `finish_reason` is set when it ends."""
+    prompt: list[int]
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    timings: Timings = field(default_factory=Timings)
+
+
+class Runtime:
+    def __init__(self, gguf: GGUFFile, device: str = "auto", n_ctx: int | None = None,
+                 n_ubatch: int = DEFAULT_UBATCH, exact: bool = False, n_seq: int = 1):
+        self.gguf = gguf
+        self.tokenizer = Tokenizer(gguf)
+        self.backend = get_backend(device, exact)
+        self.model = load_model(gguf, self.backend)
+        self.config = self.model.cfg
+        if n_ubatch < 1:
+            raise ValueError("n_ubatch must be >= 1")
+        self.n_ctx = n_ctx or min(DEFAULT_CTX, self.config.n_ctx_train)
+        self.n_ubatch = n_ubatch
+        self.n_seq = n_seq
+        self.cache = self.model.new_cache(n_seq, self.n_ctx)
+
+    @classmethod
+    def load(cls, model: str | None = None, **kw) -> "Runtime":
+        return cls(GGUFFile(resolve_model(model)), **kw)
+
+    # -- forward passes ----------------------------------------------------------------------------------------
+    def check_fits(self, n_prompt: int, max_tokens: int = 0) -> None:
+        if n_prompt == 0:
+            raise ContextLengthError("the prompt is empty")
+        if n_prompt > self.n_ctx:
+            raise ContextLengthError(f"the prompt has {n_prompt} tokens, more than the context of {self.n_ctx}")
+
+    def prefill(self, tokens: list[int], seq: int = 0, start: int = 0, all_logits: bool = False) -> np.ndarray:
+        """Run `tokens` (at positions start..) through the model in ubatches; logits of the last token, or of
+        every token -> [n_out, n_vocab] float32."""
+        self.check_fits(start + len(tokens))
+        outs = []
+        for a in range(0, len(tokens), self.n_ubatch):
+            chunk = tokens[a:a + self.n_ubatch]
+            last = a + self.n_ubatch >= len(tokens)
+            if not (all_logits or last):
+                batch = Batch.make(chunk, np.arange(start + a, start + a + len(chunk)), np.full(len(chunk), seq), [])
+                self.model.forward(batch, self.cache)
+                continue
+            batch = Batch.single(chunk, start + a, seq, all_logits=all_logits)
+            outs.append(self.backend.to_numpy(self.model.forward(batch, self.cache)))
+        return np.concatenate(outs, axis=0)
+
+    def decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> np.ndarray:
+        """One decode step for several sequences, one new token each -> logits [len(seqs), n_vocab]."""
+        n = len(tokens)
+        batch = Batch.make(tokens, positions, seqs, np.arange(n))
+        return self.backend.to_numpy(self.model.forward(batch, self.cache))
+
+    # -- generation --------------------------------------------------------------------------------------------
+    def is_end_of_generation(self, tid: int) -> bool:
+        return tid in self.tokenizer.eog_ids
+
+    def generate(self, prompt: list[int], params: SamplingParams | None = None, max_tokens: int = 128,
+                 ignore_eos: bool = False, seq: int = 0, state: Generation | None = None) -> Iterator[int]:
+        """Yield generated token ids; stops at an end-of-generation token (unless ignore_eos), max_tokens, or
+        the end of the context. `state`, if given, receives tokens, finish_reason and timings."""
+        state = state or Generation(list(prompt))
+        self.check_fits(len(prompt))
+        sampler = Sampler(params or SamplingParams())
+        history = list(prompt)
+        t0 = time.perf_counter()
+        logits = self.prefill(prompt, seq)[-1]
+        t1 = time.perf_counter()
+        state.timings.prompt_tokens, state.timings.prompt_seconds = len(prompt), t1 - t0
+        pos = len(prompt)
+        t_first = None
+        while len(state.tokens) < max_tokens:
+            tid = sampler(logits, history)
+            now = time.perf_counter()
+            if t_first is None:
+                t_first, state.timings.time_to_first_token = now, now - t0
+            if not ignore_eos and self.is_end_of_generation(tid):
+                state.finish_reason = "stop"
+                return
+            state.tokens.append(tid)
+            history.append(tid)
+            state.timings.generated_tokens, state.timings.generate_seconds = len(state.tokens), now - t_first
+            yield tid
+            if len(state.tokens) >= max_tokens or pos >= self.n_ctx:
+                break
+            logits = self.decode([seq], [tid], [pos])[0]
+            pos += 1
+        state.finish_reason = "length"

@@ -1,0 +1,80 @@
+"""Token sampling: penalties, then top-k, top-p, min-p, temperature and a seeded draw (llama.cpp's chain order).
+
+Temperature <= 0 is greedy (argmax after penalties).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.8
+    top_k: int = 40              # <= 0: off
+    top_p: float = 0.95          # >= 1: off
+    min_p: float = 0.05          # <= 0: off
+    repeat_penalty: float = 1.0  # 1: off
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+
+    def validate(self) -> None:
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0.0 <= self.top_p <= 1.0:
+            raise ValueError("top_p must be in [0, 1]")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError("min_p must be in [0, 1]")
+        if self.repeat_penalty <= 0:
+            raise ValueError("repeat_penalty must be > 0")
+
+
+class Sampler:
+    def __init__(self, params: SamplingParams):
+        params.validate()
+        self.p = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def apply_penalties(self, logits: np.ndarray, history: list[int]) -> np.ndarray:
+        p = self.p
+        if not history or (p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0):
+            return logits
+        recent = history[-p.repeat_last_n:] if p.repeat_last_n > 0 else history
+        counts = Counter(recent)
+        ids = np.fromiter(counts.keys(), np.int64, len(counts))
+        freq = np.fromiter(counts.values(), np.float64, len(counts))
+        logits = logits.astype(np.float64, copy=True)
+        sel = logits[ids]
+        if p.repeat_penalty != 1.0:
+            sel = np.where(sel > 0, sel / p.repeat_penalty, sel * p.repeat_penalty)
+        sel -= freq * p.frequency_penalty + p.presence_penalty
+        logits[ids] = sel
+        return logits
+
+    def __call__(self, logits: np.ndarray, history: list[int] | None = None) -> int:
+        """One token id from logits [n_vocab]."""
+        p = self.p
+        logits = self.apply_penalties(np.asarray(logits), history or [])
+        if p.temperature <= 0:
+            return int(np.argmax(logits))
+        logits = logits.astype(np.float64)
+        n = len(logits)
+        k = p.top_k if 0 < p.top_k < n else n
+        cand = np.argpartition(-logits, k - 1)[:k] if k < n else np.arange(n)
+        cand = cand[np.argsort(-logits[cand], kind="stable")]          # candidates, best first
+        probs = np.exp(logits[cand] - logits[cand[0]])
+        probs /= probs.sum()
+        if p.top_p < 1.0:
+            keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
+            cand, probs = cand[:keep], probs[:keep]
+        if p.min_p > 0.0:
+            keep = max(1, int(np.sum(probs >= p.min_p * probs[0])))
+            cand = cand[:keep]
+        scaled = logits[cand] / p.temperature
+        probs = np.exp(scaled - scaled.max())
+        probs /= probs.sum()
+        return int(cand[self.rng.choice(len(cand), p=probs)])
