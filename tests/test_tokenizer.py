@@ -1,0 +1,127 @@
+"""Tokenizers against llama.cpp's tokenizations, round trips, streaming, chat templates, speed."""
+import time
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from conftest import GOLDEN, read_golden, read_prompts
+from engine.gguf import GGUFFile
+from engine.tokenizer import Tokenizer, TokenizerError
+
+pytestmark = pytest.mark.slow
+KEYS = ["smol", "gemma"]
+_cache = {}
+
+
+def representable(tok: Tokenizer, text: str) -> bool:
+    """Whether every byte of the text has a token (SmolLM2's BPE vocabulary lacks a few byte tokens, e.g. 0xF1)."""
+    if tok.model != "gpt2":
+        return True
+    return all(tok._b2u[b] in tok.token_to_id for b in text.encode("utf-8"))
+
+
+def tokenizer(model_path, key) -> Tokenizer:
+    if key not in _cache:
+        _cache[key] = Tokenizer(GGUFFile(model_path(key)))
+    return _cache[key]
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_golden_prompts(model_path, key):
+    tok = tokenizer(model_path, key)
+    for prompt, rec in zip(read_prompts(key), read_golden(key, "cpu")):
+        assert tok.encode(prompt) == rec["prompt_tokens"], prompt[:40]
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_apache_text(model_path, key):
+    tok = tokenizer(model_path, key)
+    text = (GOLDEN / "apache.txt").read_text(encoding="utf-8")
+    ref = [int(x) for x in (GOLDEN / f"apache.{key}.tokens").read_text().split()]
+    assert tok.encode(text) == ref
+    assert tok.decode(ref) == text
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_apache_speed(model_path, key):
+    tok = tokenizer(model_path, key)
+    text = (GOLDEN / "apache.txt").read_text(encoding="utf-8")
+    if hasattr(tok, "_word_cache"):
+        tok._word_cache.clear()
+    t0 = time.perf_counter()
+    tok.encode(text)
+    elapsed = time.perf_counter() - t0
+    print(f"{key}: apache.txt ({len(text)} chars) tokenized in {elapsed * 1000:.1f} ms")
+    assert elapsed < 0.100
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_golden_round_trip(model_path, key):
+    tok = tokenizer(model_path, key)
+    for prompt in read_prompts(key):
+        assert tok.decode(tok.encode(prompt, add_special=False), special=True) == prompt
+
+
+text_strategy = st.lists(st.one_of(
+    st.characters(codec="utf-8", exclude_categories=("Cs",)),
+    st.sampled_from([" ", "  ", "\t", "\n", "\n\n", "\r\n", "\u00a0", "0", "123", "4567", "中文", "日本語", "😀",
+                     "👩\u200d👩\u200d👧", "\u0301", "\u0308", "ﬁ", "'s", "<|im_start|>", "<start_of_turn>"])),
+    max_size=40).map("".join)
+
+
+@pytest.mark.parametrize("key", KEYS)
+@settings(max_examples=150, deadline=None)
+@given(text=text_strategy)
+def test_round_trip_property(model_path, key, text):
+    tok = tokenizer(model_path, key)
+    assume(representable(tok, text))
+    ids = tok.encode(text, add_special=False, parse_special=False)
+    assert tok.decode(ids) == text
+
+
+@pytest.mark.parametrize("key", KEYS)
+@settings(max_examples=100, deadline=None)
+@given(text=text_strategy)
+def test_stream_decoder_never_splits_characters(model_path, key, text):
+    tok = tokenizer(model_path, key)
+    assume(representable(tok, text))
+    dec = tok.stream_decoder()
+    pieces = [dec.add(t) for t in tok.encode(text, add_special=False, parse_special=False)] + [dec.flush()]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces) or "\ufffd" in text
+
+
+def test_special_tokens(model_path):
+    smol = tokenizer(model_path, "smol")
+    assert smol.encode("<|im_start|>user") [0] == 1
+    plain = smol.encode("<|im_start|>user", parse_special=False)
+    assert 1 not in plain and smol.decode(plain) == "<|im_start|>user"
+    gemma = tokenizer(model_path, "gemma")
+    ids = gemma.encode("<start_of_turn>user")
+    assert ids[0] == gemma.bos_id and ids[1] == gemma.token_to_id["<start_of_turn>"]
+
+
+def test_chat_templates(model_path):
+    msgs = [{"role": "user", "content": "Hi"}]
+    smol = tokenizer(model_path, "smol").apply_chat_template(msgs)
+    assert smol.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    gemma = tokenizer(model_path, "gemma")
+    text = gemma.apply_chat_template(msgs)
+    assert text == "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+    ids = gemma.chat_prompt_ids(msgs)
+    assert ids.count(gemma.bos_id) == 1
+
+
+def test_broken_template_is_a_clear_error(model_path):
+    tok = tokenizer(model_path, "smol")
+    saved = tok.chat_template
+    try:
+        tok.chat_template = "{{ raise_exception('no system role') }}"
+        with pytest.raises(TokenizerError, match="no system role"):
+            tok.apply_chat_template([{"role": "user", "content": "x"}])
+        tok.chat_template = "{% for m in messages %}{{ m.content.nope() }}{% endfor %}"
+        with pytest.raises(TokenizerError, match="chat template failed"):
+            tok.apply_chat_template([{"role": "user", "content": "x"}])
+    finally:
+        tok.chat_template = saved
