@@ -131,6 +131,20 @@ def cmd_fetch(args) -> int:
     return 0
 
 
+# -- bench -----------------------------------------------------------------------------------------------------
+def cmd_bench(args) -> int:
+    from pathlib import Path
+
+    from .bench import format_table, run_bench
+    from .runtime import Runtime
+
+    n_ctx = max(args.p, args.n) + 16
+    rt = Runtime.load(args.model, device=args.device, n_ctx=n_ctx, n_ubatch=args.ubatch)
+    rows = run_bench(rt, args.p, args.n, args.r)
+    print(format_table(Path(rt.gguf.path).name, rt.backend.name, rows, args.ubatch))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="engine", description="GGUF inference engine")
     sub = p.add_subparsers(dest="command", required=True)
@@ -164,6 +178,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
     s.add_argument("--json", action="store_true", help="print one JSON object at the end")
     s.set_defaults(func=cmd_generate)
+
+    s = sub.add_parser("bench", help="prompt-processing and generation speed")
+    s.add_argument("model")
+    s.add_argument("-p", type=int, default=512, help="prompt tokens")
+    s.add_argument("-n", type=int, default=128, help="generated tokens")
+    s.add_argument("-r", type=int, default=5, help="repetitions")
+    s.add_argument("--ubatch", type=int, default=512)
+    s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
+    s.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("fetch", help="download the test models into the cache")
     s.add_argument("names", nargs="*")

@@ -4,6 +4,8 @@ This is the numerical reference for the GPU path.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..gguf import TensorInfo
@@ -91,7 +93,7 @@ class CPUBackend(Backend):
         return gate / (1.0 + np.exp(-gate)) * up
 
     def geglu(self, gate, up):
-        c = np.sqrt(2.0 / np.pi)
+        c = math.sqrt(2.0 / math.pi)  # a python float: keeps float32 arrays float32
         return 0.5 * gate * (1.0 + np.tanh(c * (gate + 0.044715 * gate ** 3))) * up
 
     def add(self, a, b):
