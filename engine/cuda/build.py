@@ -1,0 +1,70 @@
+"""Compile the CUDA kernel families with NVRTC through cupy.RawModule, cached on disk by CuPy.
+
+Each family is one .cu file under kernels/; common.cuh is inlined into the source (so it is part of CuPy's cache
+key), and every template instantiation the file declares is named, so a second start compiles nothing.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+KERNEL_DIR = Path(__file__).parent / "kernels"
+FAMILIES = ("quantize", "dequantize", "mmvq", "mmvf", "mmq")
+QTYPES = {"T_Q4_0": 2, "T_Q4_1": 3, "T_Q5_0": 6, "T_Q5_1": 7, "T_Q8_0": 8, "T_Q2_K": 10, "T_Q3_K": 11,
+          "T_Q4_K": 12, "T_Q5_K": 13, "T_Q6_K": 14, "T_IQ4_NL": 20, "T_IQ4_XS": 23}
+NVRTC_OPTIONS = ("--std=c++17",)
+
+
+class KernelBuildError(RuntimeError):
+    pass
+
+
+def expanded_source(family: str) -> str:
+    """The family's .cu with common.cuh inlined: a self-contained translation unit."""
+    common = (KERNEL_DIR / "common.cuh").read_text().replace("#pragma once", "")
+    text = (KERNEL_DIR / f"{family}.cu").read_text()
+    return text.replace('#include "common.cuh"', common)
+
+
+def name_expressions(family: str) -> list[str]:
+    """Every kernel the family's file instantiates, spelled as the names get_function takes."""
+    qtypes = sorted(QTYPES.values())
+    if family == "quantize":
+        return ["quantize_q8_1"]
+    if family == "dequantize":
+        return [f"dequantize_{o}<{t}>" for t in qtypes for o in ("f16", "f32")]
+    if family == "mmvq":
+        return [f"mmvq<{t}, {n}>" for t in qtypes for n in range(1, 9)]
+    if family == "mmvf":
+        return [f"mmvf<{w}, {n}>" for w in ("float", "u16") for n in range(1, 9)]
+    if family == "mmq":
+        return [f"mmq<{t}>" for t in qtypes]
+    raise KeyError(family)
+
+
+def check_type_list() -> None:
+    """The Python list of quantized types must equal the one the .cu files instantiate (FOR_EACH_QTYPE)."""
+    common = (KERNEL_DIR / "common.cuh").read_text()
+    listed = re.search(r"#define FOR_EACH_QTYPE\(X\)(.*?)\n\n", common + "\n\n", re.S).group(1)
+    if set(re.findall(r"X\((T_\w+)\)", listed)) != set(QTYPES):
+        raise KernelBuildError("FOR_EACH_QTYPE in common.cuh and QTYPES in build.py disagree")
+
+
+@functools.cache
+def module(family: str):
+    import cupy
+
+    check_type_list()
+    try:
+        mod = cupy.RawModule(code=expanded_source(family), options=NVRTC_OPTIONS,
+                             name_expressions=name_expressions(family))
+        mod.compile()
+    except cupy.cuda.compiler.CompileException as e:
+        raise KernelBuildError(f"CUDA kernel family '{family}' ({family}.cu) failed to compile:\n{e}") from None
+    return mod
+
+
+@functools.cache
+def kernel(family: str, name: str):
+    return module(family).get_function(name)

@@ -1,0 +1,257 @@
+// Shared device helpers and the per-type "unpack one 32-value chunk" functions every quantized kernel builds on.
+//
+// A weight row of K values is K/32 chunks. unpack<T>(row, c, v, s) turns chunk c of a row into
+//   v[0..7]  : 32 signed int8 values packed four per int (v[0..3] = values 0..15, v[4..7] = values 16..31)
+//   s.d[h]   : the scale of half h (values 16h..16h+15); per-32 types set both halves alike
+//   s.m[h]   : the additive term of half h (value = d*q + m); zero for the symmetric types
+// The numpy dequantizers in engine/quants.py are the reference these are tested against.
+#pragma once
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+// GGML type ids (engine/quants.py)
+#define T_Q4_0 2
+#define T_Q4_1 3
+#define T_Q5_0 6
+#define T_Q5_1 7
+#define T_Q8_0 8
+#define T_Q2_K 10
+#define T_Q3_K 11
+#define T_Q4_K 12
+#define T_Q5_K 13
+#define T_Q6_K 14
+#define T_IQ4_NL 20
+#define T_IQ4_XS 23
+
+struct ChunkScale { float d[2]; float m[2]; };
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("{ .reg .b16 t; mov.b16 t, %1; cvt.f32.f16 %0, t; }" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("{ .reg .b16 t; cvt.rn.f16.f32 t, %1; mov.b16 %0, t; }" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ int dp4a(int a, int b, int c) {
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// bytewise a - b for bytes 0..127 (no borrow between bytes)
+__device__ __forceinline__ int sub_bytes(u32 a, u32 b) { return (int)(((a | 0x80808080u) - b) ^ 0x80808080u); }
+
+// 32-bit little-endian read at a 2-byte aligned address
+__device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
+    const u16* q = (const u16*)p;
+    return (u32)q[0] | ((u32)q[1] << 16);
+}
+__device__ __forceinline__ u32 ld_u32_a4(const u8* p) { return *(const u32*)p; }
+__device__ __forceinline__ float ld_f16(const u8* p) { return h2f(*(const u16*)p); }
+
+// bits 0..3 of x -> bit 4 of bytes 0..3
+__device__ __forceinline__ u32 spread4_to_bit4(u32 x) {
+    return ((x & 1u) << 4) | ((x & 2u) << 11) | ((x & 4u) << 18) | ((x & 8u) << 25);
+}
+
+template <int T> struct TypeTraits;
+#define TRAITS(T, QK, BYTES, HAS_MIN, PER16) \
+    template <> struct TypeTraits<T> { \
+        static constexpr int qk = QK, bytes = BYTES, chunks = QK / 32; \
+        static constexpr bool has_min = HAS_MIN, per16 = PER16; };
+TRAITS(T_Q4_0, 32, 18, false, false)
+TRAITS(T_Q4_1, 32, 20, true, false)
+TRAITS(T_Q5_0, 32, 22, false, false)
+TRAITS(T_Q5_1, 32, 24, true, false)
+TRAITS(T_Q8_0, 32, 34, false, false)
+TRAITS(T_Q2_K, 256, 84, true, true)
+TRAITS(T_Q3_K, 256, 110, false, true)
+TRAITS(T_Q4_K, 256, 144, true, false)
+TRAITS(T_Q5_K, 256, 176, true, false)
+TRAITS(T_Q6_K, 256, 210, false, true)
+TRAITS(T_IQ4_NL, 32, 18, false, false)
+TRAITS(T_IQ4_XS, 256, 136, false, false)
+
+__device__ __forceinline__ void same_halves(ChunkScale& s, float d, float m) { s.d[0] = s.d[1] = d; s.m[0] = s.m[1] = m; }
+
+__device__ __forceinline__ void scale_min_k4(const u8* sc, int j, int& d, int& m) {
+    if (j < 4) { d = sc[j] & 63; m = sc[j + 4] & 63; }
+    else { d = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4); m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4); }
+}
+
+__constant__ signed char IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+__device__ __forceinline__ u32 iq4_lookup(u32 nibbles) {  // four 4-bit codes (one per byte) -> four int8 values
+    const signed char* tab = IQ4_NL_VALUES;
+    return (u32)(u8)tab[nibbles & 0xF] | ((u32)(u8)tab[(nibbles >> 8) & 0xF] << 8) |
+           ((u32)(u8)tab[(nibbles >> 16) & 0xF] << 16) | ((u32)(u8)tab[(nibbles >> 24) & 0xF] << 24);
+}
+
+template <int T> __device__ __forceinline__ void unpack(const u8* row, int c, int v[8], ChunkScale& s);
+
+template <> __device__ __forceinline__ void unpack<T_Q4_0>(const u8* row, int c, int v[8], ChunkScale& s) {
+    const u8* b = row + c * 18;
+    same_halves(s, ld_f16(b), 0.f);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        u32 q = ld_u32_a2(b + 2 + 4 * i);
+        v[i] = sub_bytes(q & 0x0F0F0F0F, 0x08080808);
+        v[4 + i] = sub_bytes((q >> 4) & 0x0F0F0F0F, 0x08080808);
+    }
+}
+
+template <> __device__ __forceinline__ void unpack<T_Q4_1>(const u8* row, int c, int v[8], ChunkScale& s) {
+    const u8* b = row + c * 20;
+    same_halves(s, ld_f16(b), ld_f16(b + 2));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        u32 q = ld_u32_a4(b + 4 + 4 * i);
+        v[i] = q & 0x0F0F0F0F;
+        v[4 + i] = (q >> 4) & 0x0F0F0F0F;
+    }
+}
+
+template <> __device__ __forceinline__ void unpack<T_Q5_0>(const u8* row, int c, int v[8], ChunkScale& s) {
+    const u8* b = row + c * 22;
+    same_halves(s, ld_f16(b), 0.f);
+    u32 qh = ld_u32_a2(b + 2);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        u32 q = ld_u32_a2(b + 6 + 4 * i);
+        v[i] = sub_bytes((q & 0x0F0F0F0F) | spread4_to_bit4(qh >> (4 * i)), 0x10101010);
+        v[4 + i] = sub_bytes(((q >> 4) & 0x0F0F0F0F) | spread4_to_bit4(qh >> (16 + 4 * i)), 0x10101010);
+    }
+}
+
+template <> __device__ __forceinline__ void unpack<T_Q5_1>(const u8* row, int c, int v[8], ChunkScale& s) {
+    const u8* b = row + c * 24;
+    same_halves(s, ld_f16(b), ld_f16(b + 2));
+    u32 qh = ld_u32_a4(b + 4);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        u32 q = ld_u32_a4(b + 8 + 4 * i);
+        v[i] = (q & 0x0F0F0F0F) | spread4_to_bit4(qh >> (4 * i));
+        v[4 + i] = ((q >> 4) & 0x0F0F0F0F) | spread4_to_bit4(qh >> (16 + 4 * i));
+    }
+}
+
+template <> __device__ __forceinline__ void unpack<T_Q8_0>(const u8* row, int c, int v[8], ChunkScale& s) {
+    const u8* b = row + c * 34;
+    same_halves(s, ld_f16(b), 0.f);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = (int)ld_u32_a2(b + 2 + 4 * i);
+}
+
+template <> __device__ __forceinline__ void unpack<T_Q2_K>(const u8* row, int c, int v[8], ChunkScale& s) {
+    const u8* b = row + (c >> 3) * 84;
+    const int j = c & 7, h = j >> 2, sh = 2 * (j & 3);
+    const float d = ld_f16(b + 80), dmin = ld_f16(b + 82);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const int sc = b[h * 8 + 2 * (j & 3) + k];
+        s.d[k] = d * (float)(sc & 0xF);
+        s.m[k] = -(dmin * (float)(sc >> 4));
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = (ld_u32_a4(b + 16 + h * 32 + 4 * i) >> sh) & 0x03030303;
+}
+
+template <> __device__ __forceinline__ void unpack<T_Q3_K>(const u8* row, int c, int v[8], ChunkScale& s) {
+    const u8* b = row + (c >> 3) * 110;
+    const int j = c & 7, h = j >> 2, sh = 2 * (j & 3), hbit = j;
+    const float d = ld_f16(b + 108);
+    const u8* sc = b + 96;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const int is = h * 8 + 2 * (j & 3) + k;
+        const int lo = is < 8 ? (sc[is] & 0xF) : (sc[is - 8] >> 4);
+        const int hi = (sc[8 + (is & 3)] >> (2 * (is >> 2))) & 3;
+        s.d[k] = d * (float)((lo | (hi << 4)) - 32);
+        s.m[k] = 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        u32 q = (ld_u32_a2(b + 32 + h * 32 + 4 * i) >> sh) & 0x03030303;
+        u32 hm = ((~(ld_u32_a2(b + 4 * i) >> hbit)) & 0x01010101) << 2;   // 4 where the high bit is clear
+        v[i] = sub_bytes(q, hm);
+    }
+}
+
+template <> __device__ __forceinline__ void unpack<T_Q4_K>(const u8* row, int c, int v[8], ChunkScale& s) {
+    const u8* b = row + (c >> 3) * 144;
+    const int j = c & 7;
+    int sc, mn;
+    scale_min_k4(b + 4, j, sc, mn);
+    same_halves(s, ld_f16(b) * (float)sc, -(ld_f16(b + 2) * (float)mn));
+    const int sh = 4 * (j & 1);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = (ld_u32_a4(b + 16 + (j >> 1) * 32 + 4 * i) >> sh) & 0x0F0F0F0F;
+}
+
+template <> __device__ __forceinline__ void unpack<T_Q5_K>(const u8* row, int c, int v[8], ChunkScale& s) {
+    const u8* b = row + (c >> 3) * 176;
+    const int j = c & 7;
+    int sc, mn;
+    scale_min_k4(b + 4, j, sc, mn);
+    same_halves(s, ld_f16(b) * (float)sc, -(ld_f16(b + 2) * (float)mn));
+    const int sh = 4 * (j & 1);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        u32 q = (ld_u32_a4(b + 48 + (j >> 1) * 32 + 4 * i) >> sh) & 0x0F0F0F0F;
+        u32 qh = ((ld_u32_a4(b + 16 + 4 * i) >> j) & 0x01010101) << 4;
+        v[i] = q | qh;
+    }
+}
+
+template <> __device__ __forceinline__ void unpack<T_Q6_K>(const u8* row, int c, int v[8], ChunkScale& s) {
+    const u8* b = row + (c >> 3) * 210;
+    const int j = c & 7, h = j >> 2, k = j & 3;
+    const float d = ld_f16(b + 208);
+    const signed char* sc = (const signed char*)(b + 192);
+    s.d[0] = d * (float)sc[h * 8 + 2 * k];
+    s.d[1] = d * (float)sc[h * 8 + 2 * k + 1];
+    s.m[0] = s.m[1] = 0.f;
+    const int shl = 4 * (k >> 1), shh = 2 * k;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        u32 ql = (ld_u32_a2(b + h * 64 + (k & 1) * 32 + 4 * i) >> shl) & 0x0F0F0F0F;
+        u32 qh = ((ld_u32_a2(b + 128 + h * 32 + 4 * i) >> shh) & 0x03030303) << 4;
+        v[i] = sub_bytes(ql | qh, 0x20202020);
+    }
+}
+
+template <> __device__ __forceinline__ void unpack<T_IQ4_NL>(const u8* row, int c, int v[8], ChunkScale& s) {
+    const u8* b = row + c * 18;
+    same_halves(s, ld_f16(b), 0.f);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        u32 q = ld_u32_a2(b + 2 + 4 * i);
+        v[i] = (int)iq4_lookup(q & 0x0F0F0F0F);
+        v[4 + i] = (int)iq4_lookup((q >> 4) & 0x0F0F0F0F);
+    }
+}
+
+template <> __device__ __forceinline__ void unpack<T_IQ4_XS>(const u8* row, int c, int v[8], ChunkScale& s) {
+    const u8* b = row + (c >> 3) * 136;
+    const int j = c & 7;
+    const u32 scales_h = *(const u16*)(b + 2);
+    const int ls = ((b[4 + (j >> 1)] >> (4 * (j & 1))) & 0xF) | (((scales_h >> (2 * j)) & 3) << 4);
+    same_halves(s, ld_f16(b) * (float)(ls - 32), 0.f);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        u32 q = ld_u32_a4(b + 8 + 16 * j + 4 * i);
+        v[i] = (int)iq4_lookup(q & 0x0F0F0F0F);
+        v[4 + i] = (int)iq4_lookup((q >> 4) & 0x0F0F0F0F);
+    }
+}
+
+// Every quantized type the kernels support, for generating instantiations: keep in sync with dispatch.py.
+#define FOR_EACH_QTYPE(X) X(T_Q4_0) X(T_Q4_1) X(T_Q5_0) X(T_Q5_1) X(T_Q8_0) X(T_Q2_K) X(T_Q3_K) X(T_Q4_K) \
+    X(T_Q5_K) X(T_Q6_K) X(T_IQ4_NL) X(T_IQ4_XS)

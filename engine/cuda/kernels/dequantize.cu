@@ -1,0 +1,48 @@
+// dequantize<T>: quantized rows -> f16 (the cuBLAS fallback path) or f32 (embedding rows).
+//   w   : [rows, k] in T's blocks, row stride row_bytes
+//   out : [rows, k] f16 or f32
+//   idx : optional [rows] row ids to gather (embedding lookup); null means rows 0..rows-1
+// Launch rule: one thread per 32-value chunk; block 256; grid ceil(rows * k/32 / 256).
+#include "common.cuh"
+
+template <int T, typename OUT>
+__device__ __forceinline__ void dequantize_impl(const u8* __restrict__ w, const int* __restrict__ idx,
+                                                OUT* __restrict__ out, int rows, int k, long long row_bytes) {
+    const int chunks = k / 32;
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (long long)rows * chunks) return;
+    const int r = (int)(t / chunks), c = (int)(t % chunks);
+    const long long src = idx ? idx[r] : r;
+    int v[8];
+    ChunkScale s;
+    unpack<T>(w + src * row_bytes, c, v, s);
+    OUT* o = out + (long long)r * k + c * 32;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int h = i >> 2;
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+            const float val = s.d[h] * (float)(signed char)(v[i] >> (8 * b)) + s.m[h];
+            if constexpr (sizeof(OUT) == 2) o[4 * i + b] = f2h(val); else o[4 * i + b] = val;
+        }
+    }
+}
+
+template <int T>
+__global__ void dequantize_f16(const u8* __restrict__ w, const int* __restrict__ idx, u16* __restrict__ out,
+                               int rows, int k, long long row_bytes) {
+    dequantize_impl<T, u16>(w, idx, out, rows, k, row_bytes);
+}
+
+template <int T>
+__global__ void dequantize_f32(const u8* __restrict__ w, const int* __restrict__ idx, float* __restrict__ out,
+                               int rows, int k, long long row_bytes) {
+    dequantize_impl<T, float>(w, idx, out, rows, k, row_bytes);
+}
+
+#define INSTANTIATE_DEQUANTIZE(T) \
+    template __global__ void dequantize_f16<T>(const u8* __restrict__, const int* __restrict__, u16* __restrict__, \
+                                               int, int, long long); \
+    template __global__ void dequantize_f32<T>(const u8* __restrict__, const int* __restrict__, float* __restrict__, \
+                                               int, int, long long);
+FOR_EACH_QTYPE(INSTANTIATE_DEQUANTIZE)

@@ -1,0 +1,26 @@
+// quantize_q8_1: f32 activations -> q8_1 in two planes, once per mul_mat call.
+//   x  : [n, k] f32 (row stride k)
+//   qs : [n_pad, k] int8, round(x / d) with d = max|x| / 127 per 32 values
+//   ds : [n_pad, k/16] float2 (d of the enclosing 32 values, d * sum of the 16 quantized values)
+// Rows n..n_pad-1 are written as zeros (MMQ reads whole column tiles).
+// Launch rule: one warp per 32 values; block (32, 8); grid ceil(n_pad * k/32 / 8).
+#include "common.cuh"
+
+extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, signed char* __restrict__ qs,
+                                         float2* __restrict__ ds, int n, int n_pad, int k) {
+    const int chunks = k / 32;
+    const long long chunk = (long long)blockIdx.x * blockDim.y + threadIdx.y;
+    if (chunk >= (long long)n_pad * chunks) return;
+    const int row = (int)(chunk / chunks), c = (int)(chunk % chunks), lane = threadIdx.x;
+    const float xi = row < n ? x[(long long)row * k + c * 32 + lane] : 0.f;
+    float amax = fabsf(xi);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.f;
+    const int q = amax == 0.f ? 0 : (int)roundf(xi / d);
+    qs[(long long)row * k + c * 32 + lane] = (signed char)q;
+    int sum = q;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);   // sums within each half
+    if ((lane & 15) == 0) ds[(long long)row * (k / 16) + c * 2 + (lane >> 4)] = make_float2(d, d * (float)sum);
+}

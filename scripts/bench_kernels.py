@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Kernel benchmark at llama.cpp's test-backend-ops shapes: m = 4096, k = 14336, n in {1,2,3,4,5,8,512}.
+
+    python scripts/bench_kernels.py [--reps 50] [--types q4_K,q8_0] [--compare]
+
+Time per mul_mat call (activation quantization included), median over reps with CUDA events, weights rotated over
+copies that together exceed the L2 cache. TOPS = 2*m*n*k / t; weight GB/s = weight bytes / t.
+--compare also times every quantized type on both MMQ and dequantize+cuBLAS at n >= 16 (for dispatch.py's table).
+"""
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.quants import TYPES, GGMLType, random_blocks  # noqa: E402
+
+M, K = 4096, 14336
+TYPE_NAMES = {"f16": GGMLType.F16, "q4_0": GGMLType.Q4_0, "q4_1": GGMLType.Q4_1, "q5_0": GGMLType.Q5_0,
+              "q8_0": GGMLType.Q8_0, "q4_K": GGMLType.Q4_K, "q5_K": GGMLType.Q5_K, "q6_K": GGMLType.Q6_K,
+              "q2_K": GGMLType.Q2_K, "q3_K": GGMLType.Q3_K, "q5_1": GGMLType.Q5_1, "iq4_nl": GGMLType.IQ4_NL,
+              "iq4_xs": GGMLType.IQ4_XS}
+DEFAULT_TYPES = ["f16", "q4_0", "q4_1", "q5_0", "q8_0", "q4_K", "q5_K", "q6_K"]
+
+
+def time_call(fn, reps):
+    import cupy as cp
+    for _ in range(3):
+        fn(0)
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for i in range(reps):
+        start.record()
+        fn(i)
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop) * 1000.0)   # us
+    return float(np.median(times))
+
+
+def copy_bandwidth():
+    import cupy as cp
+    a = cp.empty(2 << 30, cp.uint8)
+    b = cp.empty_like(a)
+    us = time_call(lambda i: cp.copyto(b, a), 10)
+    return 2 * a.nbytes / (us * 1e-6) / 1e9
+
+
+def main():
+    import cupy as cp
+
+    from engine.cuda.dispatch import choose_path, mul_mat
+    from engine.cuda.weights import upload
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--types", default=",".join(DEFAULT_TYPES))
+    ap.add_argument("--compare", action="store_true")
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, "
+          f"copy bandwidth {copy_bandwidth():.0f} GB/s (read + write)")
+    rows = []
+    for name in args.types.split(","):
+        t = TYPE_NAMES[name]
+        info = TYPES[t]
+        blocks = random_blocks(t, M * K // info.block_size, rng)
+        w0 = upload(t, (M, K), blocks)
+        copies = max(2, int(np.ceil(200e6 / w0.nbytes)))          # > 2x the 50 MB L2
+        ws = [w0] + [upload(t, (M, K), blocks) for _ in range(copies - 1)]
+        ns = [1, 2, 3, 4, 5, 8, 512] + ([16, 32, 64, 128, 256] if t == GGMLType.Q4_K else [])
+        if args.compare and info.quantized:
+            ns = sorted(set(ns) | {16, 32, 64, 128, 256, 512})
+        for n in sorted(ns):
+            x = cp.asarray(rng.standard_normal((n, K)).astype(np.float32))
+            paths = [choose_path(w0, n)]
+            if args.compare and info.quantized and n >= 16:
+                paths = ["mmq", "dequant"]
+            for path in paths:
+                us = time_call(lambda i: mul_mat(ws[i % len(ws)], x, path=path), args.reps)
+                rows.append((name, n, path, us, w0.nbytes / (us * 1e-6) / 1e9, 2 * M * n * K / (us * 1e-6) / 1e12))
+        del ws, w0
+        cp.get_default_memory_pool().free_all_blocks()
+    print(f"\nm = {M}, k = {K}; time per mul_mat call (quantize_q8_1 included), median of {args.reps}\n")
+    print("| type | n | path | us | weight GB/s | TOPS |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, n, path, us, gbs, tops in rows:
+        print(f"| {name} | {n} | {path} | {us:.1f} | {gbs:.0f} | {tops:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""CUDA kernels against the numpy reference, fresh random inputs every run (GPU only)."""
+import numpy as np
+import pytest
+
+from engine.quants import TYPES, GGMLType, dequantize, random_blocks
+
+pytestmark = pytest.mark.gpu
+QTYPES = [t for t in TYPES if TYPES[t].quantized]
+NCOLS = [1, 2, 3, 5, 8, 9, 16, 17, 64, 127, 512, 513]
+
+
+def shapes(t):
+    """(m, k): rows and k that are not multiples of the tile sizes."""
+    if TYPES[t].block_size == 256:
+        return [(200, 1280), (77, 512)]
+    return [(200, 608), (77, 1056)]
+
+
+def q8_1_ref(x: np.ndarray):
+    """numpy q8_1: per 32 values d = max|x|/127, q = roundf(x/d) -> (q [n,k] int8, dequantized [n,k] f64)."""
+    n, k = x.shape
+    b = x.reshape(n, k // 32, 32).astype(np.float32)
+    amax = np.abs(b).max(axis=2, keepdims=True)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = np.where(amax == 0, 0, b / d)
+    q = np.where(v >= 0, np.floor(v + 0.5), np.ceil(v - 0.5)).astype(np.int8)
+    return q.reshape(n, k), (q.astype(np.float64) * d.astype(np.float64)).reshape(n, k)
+
+
+def random_weight(t, m, k, rng):
+    from engine.cuda.weights import upload
+    info = TYPES[t]
+    blocks = random_blocks(t, m * k // info.block_size, rng)
+    return upload(t, (m, k), blocks), dequantize(blocks, t, (m, k)).astype(np.float64)
+
+
+def nmse(y, ref):
+    return float(np.sum((y - ref) ** 2) / np.sum(ref ** 2))
+
+
+def test_quantize_q8_1():
+    import cupy as cp
+    from engine.cuda import launch
+    rng = np.random.default_rng()
+    for n, k in [(1, 32), (7, 608), (130, 1280)]:
+        x = (rng.standard_normal((n, k)) * rng.uniform(0.1, 10)).astype(np.float32)
+        x[0, :32] = 0.0   # an all-zero block
+        qs, ds = launch.quantize_q8_1(cp.asarray(x), n_pad=n + 3)
+        q_ref, _ = q8_1_ref(x)
+        qs, ds = qs.get(), ds.get().reshape(n + 3, k // 16, 2)
+        assert np.array_equal(qs[:n], q_ref)
+        assert not qs[n:].any() and not ds[n:].any()
+        d_ref = (np.abs(x.reshape(n, k // 32, 32)).max(axis=2) / np.float32(127)).repeat(2, axis=1)
+        assert np.array_equal(ds[:n, :, 0], d_ref)
+        s_ref = d_ref * q_ref.reshape(n, k // 16, 16).astype(np.int64).sum(axis=2)
+        np.testing.assert_allclose(ds[:n, :, 1], s_ref, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("t", QTYPES, ids=lambda t: t.name)
+def test_dequantize(t):
+    import cupy as cp
+    from engine.cuda import launch
+    rng = np.random.default_rng()
+    m, k = shapes(t)[0]
+    w, ref = random_weight(t, m, k, rng)
+    out32 = launch.dequantize(w, "f32").get()
+    np.testing.assert_allclose(out32, ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
+    out16 = launch.dequantize(w, "f16").get().astype(np.float64)
+    np.testing.assert_allclose(out16, ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max())
+    rows = rng.integers(0, m, 9)
+    np.testing.assert_array_equal(launch.dequantize(w, "f32", rows=cp.asarray(rows)).get(), out32[rows])
+
+
+@pytest.mark.parametrize("t", QTYPES, ids=lambda t: t.name)
+def test_mul_mat_quantized(t):
+    import cupy as cp
+    from engine.cuda.dispatch import choose_path, mul_mat
+    rng = np.random.default_rng()
+    for m, k in shapes(t):
+        w, wref = random_weight(t, m, k, rng)
+        for n in NCOLS:
+            x = rng.standard_normal((n, k)).astype(np.float32)
+            _, xq = q8_1_ref(x)
+            ref = xq @ wref.T
+            xd = cp.asarray(x)
+            paths = [None, "mmq", "dequant"] + (["mmvq"] if n <= 8 else [])
+            for path in paths:
+                out = cp.full((n, m), cp.nan, cp.float32)
+                y = mul_mat(w, xd, path=path, out=out).get()
+                label = f"{t.name} m={m} k={k} n={n} path={path or choose_path(w, n)}"
+                assert np.isfinite(y).all(), f"{label}: unwritten outputs"
+                bound = 5e-4 if path == "dequant" else 1e-8
+                assert nmse(y, ref) <= bound, f"{label}: nmse {nmse(y, ref):.3g}"
+
+
+@pytest.mark.parametrize("t", [GGMLType.F16, GGMLType.F32], ids=lambda t: t.name)
+def test_mul_mat_float(t):
+    import cupy as cp
+    from engine.cuda.dispatch import mul_mat
+    from engine.cuda.weights import upload
+    rng = np.random.default_rng()
+    m, k = 200, 600
+    wf = rng.standard_normal((m, k)).astype(np.float16 if t == GGMLType.F16 else np.float32)
+    w = upload(t, (m, k), wf.view(np.uint8))
+    for n in NCOLS:
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        xr = x.astype(np.float16).astype(np.float64) if t == GGMLType.F16 and n > 8 else x.astype(np.float64)
+        ref = xr @ wf.astype(np.float64).T
+        out = cp.full((n, m), cp.nan, cp.float32)
+        y = mul_mat(w, cp.asarray(x), out=out).get()
+        assert np.isfinite(y).all()
+        assert nmse(y, ref) <= 1e-6, (n, nmse(y, ref))
