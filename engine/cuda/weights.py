@@ -8,6 +8,9 @@ import numpy as np
 from ..quants import GGMLType, type_info
 
 
+WEIGHT_PAD = 512
+
+
 @dataclass
 class GPUWeight:
     type: GGMLType
@@ -39,4 +42,6 @@ def upload(t: GGMLType, shape: tuple[int, int], raw: np.ndarray) -> GPUWeight:
     if t in (GGMLType.F32, GGMLType.BF16):
         return GPUWeight(GGMLType.F32, m, k, cp.asarray(dequantize(raw, t, (m, k))), k * 4)
     row_bytes = info.row_bytes(k)
-    return GPUWeight(t, m, k, cp.asarray(raw.reshape(m * row_bytes)), row_bytes)
+    data = cp.zeros(m * row_bytes + WEIGHT_PAD, cp.uint8)   # MMQ's 16-byte copies may read past the last row
+    data[:m * row_bytes] = cp.asarray(raw.reshape(m * row_bytes))
+    return GPUWeight(t, m, k, data, row_bytes)

@@ -17,14 +17,22 @@ __device__ __forceinline__ void dequantize_impl(const u8* __restrict__ w, const 
     ChunkScale s;
     unpack<T>(w + src * row_bytes, c, v, s);
     OUT* o = out + (long long)r * k + c * 32;
+    float val[32];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const int h = i >> 2;
+    for (int i = 0; i < 8; ++i)
 #pragma unroll
-        for (int b = 0; b < 4; ++b) {
-            const float val = s.d[h] * (float)(signed char)(v[i] >> (8 * b)) + s.m[h];
-            if constexpr (sizeof(OUT) == 2) o[4 * i + b] = f2h(val); else o[4 * i + b] = val;
+        for (int b = 0; b < 4; ++b) val[4 * i + b] = s.d[i >> 2] * (float)(signed char)(v[i] >> (8 * b)) + s.m[i >> 2];
+    if constexpr (sizeof(OUT) == 2) {          // four 16-byte stores of 8 halves
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            u32 p[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) p[e] = (u32)f2h(val[8 * q + 2 * e]) | ((u32)f2h(val[8 * q + 2 * e + 1]) << 16);
+            ((uint4*)o)[q] = make_uint4(p[0], p[1], p[2], p[3]);
         }
+    } else {                                   // eight 16-byte stores of 4 floats
+#pragma unroll
+        for (int q = 0; q < 8; ++q) ((float4*)o)[q] = make_float4(val[4 * q], val[4 * q + 1], val[4 * q + 2], val[4 * q + 3]);
     }
 }
 

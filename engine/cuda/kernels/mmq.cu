@@ -2,8 +2,9 @@
 //   w  : [m, k] in T's blocks (row stride row_bytes)
 //   qs : [n_pad, k] int8 and ds : [n_pad, k/16] float2, from quantize_q8_1 (n_pad a multiple of MMQ_BN)
 //   y  : [n, m] f32
-// Each block computes a MMQ_BM x MMQ_BN tile of y^T. Per stage of 256 k-values it unpacks the raw weight blocks into
-// int8 + per-16/32 scales in shared memory, copies the q8_1 activation tile beside them, and every warp runs the mma
+// Each block computes a MMQ_BM x MMQ_BN tile of y^T. Stages of 256 k-values are double-buffered: while a stage is
+// computed, cp.async brings the next stage's raw weight bytes and q8_1 activation tile into shared memory. A stage's
+// raw weight blocks are unpacked (smem -> smem) into int8 + per-16/32 scales, then every warp runs the mma
 // over its 32 x 32 sub-tile: integer accumulation over each 32-wide chunk (two k16 halves for the per-16-scale types
 // Q2_K/Q3_K/Q6_K), then the fp32 rescale  acc += d_w * d_x * int_dot (+ m_w * d_x * sum(q_x) for the affine types).
 // Launch rule (should_use_mmq in dispatch.py): block 256 threads, grid (ceil(m / MMQ_BM), n_pad / MMQ_BN),
@@ -17,13 +18,29 @@
 #define MMQ_LD (MMQ_KT + 16)             // smem row stride in bytes: 68 words = 4 (mod 32) banks apart
 #define MMQ_THREADS 256
 
+#define MMQ_RAW_LD 320                   // raw weight bytes per row and stage: <= 272 + 2*16 alignment slack
+#define MMQ_RAW_PIECES (MMQ_RAW_LD / 16)
+
 // shared memory layout (bytes)
-#define SM_A 0
-#define SM_B (SM_A + MMQ_BM * MMQ_LD)
-#define SM_AD (SM_B + MMQ_BN * MMQ_LD)                    // float [MMQ_BM][MMQ_CH][2]  weight scale per half
-#define SM_AM (SM_AD + MMQ_BM * MMQ_CH * 2 * 4)           // float [MMQ_BM][MMQ_CH][2]  weight additive term
-#define SM_BD (SM_AM + MMQ_BM * MMQ_CH * 2 * 4)           // float2 [MMQ_BN][MMQ_CH*2]  activation (d, d*sum16)
-#define MMQ_SMEM_BYTES (SM_BD + MMQ_BN * MMQ_CH * 2 * 8)
+#define SM_RAW 0                                           // u8 [2][MMQ_BM][MMQ_RAW_LD]  raw weight blocks
+#define SM_A (SM_RAW + 2 * MMQ_BM * MMQ_RAW_LD)            // int8 [MMQ_BM][MMQ_LD]        unpacked weights
+#define SM_B (SM_A + MMQ_BM * MMQ_LD)                      // int8 [2][MMQ_BN][MMQ_LD]     activations
+#define SM_AD (SM_B + 2 * MMQ_BN * MMQ_LD)                 // float [MMQ_BM][MMQ_CH][2]  weight scale per half
+#define SM_AM (SM_AD + MMQ_BM * MMQ_CH * 2 * 4)            // float [MMQ_BM][MMQ_CH][2]  weight additive term
+#define SM_BD (SM_AM + MMQ_BM * MMQ_CH * 2 * 4)            // float2 [2][MMQ_BN][MMQ_CH*2]  activation (d, d*sum16)
+#define MMQ_SMEM_BYTES (SM_BD + 2 * MMQ_BN * MMQ_CH * 2 * 8)
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+// 16-byte asynchronous copy global -> shared; src_bytes < 16 zero-fills the rest
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;"); }
 
 __device__ __forceinline__ void mma_k32(int c[4], const int a[4], const int b[2]) {
     asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -38,23 +55,54 @@ __device__ __forceinline__ void mma_k16(int c[4], int a0, int a1, int b0) {
                  : "r"(a0), "r"(a1), "r"(b0));
 }
 
+// Issue the copies of stage `st` (chunks st*MMQ_CH ...) into buffer `buf`.
 template <int T>
-__global__ void __launch_bounds__(MMQ_THREADS, 2)
+__device__ __forceinline__ void mmq_load_stage(const u8* __restrict__ w, const signed char* __restrict__ qs,
+                                               const float2* __restrict__ ds, u8* smem, int buf, int st,
+                                               int row0, int col0, int m, int k, long long row_bytes) {
+    constexpr int STAGE_BYTES = TypeTraits<T>::bytes * (MMQ_KT / TypeTraits<T>::qk);
+    const int tid = threadIdx.x;
+    u8* raw = smem + SM_RAW + buf * MMQ_BM * MMQ_RAW_LD;
+    for (int idx = tid; idx < MMQ_BM * MMQ_RAW_PIECES; idx += MMQ_THREADS) {
+        const int r = idx / MMQ_RAW_PIECES, piece = idx % MMQ_RAW_PIECES;
+        const long long start = (long long)(row0 + r) * row_bytes + (long long)st * STAGE_BYTES;
+        const long long a0 = start & ~15LL;
+        if (a0 + piece * 16 < start + STAGE_BYTES)
+            cp_async16(raw + r * MMQ_RAW_LD + piece * 16, row0 + r < m ? w + a0 + piece * 16 : w, row0 + r < m ? 16 : 0);
+    }
+    u8* sB = smem + SM_B + buf * MMQ_BN * MMQ_LD;
+#pragma unroll
+    for (int p = 0; p < MMQ_BN * (MMQ_KT / 16) / MMQ_THREADS; ++p) {
+        const int idx = tid + p * MMQ_THREADS, cl = idx / (MMQ_KT / 16), part = idx % (MMQ_KT / 16);
+        const int kk = st * MMQ_KT + part * 16;
+        cp_async16(sB + cl * MMQ_LD + part * 16, qs + (long long)(col0 + cl) * k + (kk < k ? kk : 0), kk < k ? 16 : 0);
+    }
+    float2* sBd = (float2*)(smem + SM_BD) + buf * MMQ_BN * MMQ_CH * 2;
+#pragma unroll
+    for (int p = 0; p < MMQ_BN * MMQ_CH * 2 / 2 / MMQ_THREADS; ++p) {        // two float2 per copy
+        const int idx = tid + p * MMQ_THREADS, cl = idx / MMQ_CH, h2 = idx % MMQ_CH;
+        const int kh = st * MMQ_CH * 2 + h2 * 2;
+        cp_async16(sBd + cl * MMQ_CH * 2 + h2 * 2, ds + (long long)(col0 + cl) * (k / 16) + (kh < k / 16 ? kh : 0),
+                   kh < k / 16 ? 16 : 0);
+    }
+}
+
+template <int T>
+__global__ void __launch_bounds__(MMQ_THREADS, 1)
 mmq(const u8* __restrict__ w, const signed char* __restrict__ qs, const float2* __restrict__ ds,
     float* __restrict__ y, int m, int n, int k, long long row_bytes) {
     extern __shared__ __align__(16) u8 smem[];
     u8* sA = smem + SM_A;
-    u8* sB = smem + SM_B;
     float* sAd = (float*)(smem + SM_AD);
     float* sAm = (float*)(smem + SM_AM);
-    float2* sBd = (float2*)(smem + SM_BD);
     constexpr bool PER16 = TypeTraits<T>::per16, HAS_MIN = TypeTraits<T>::has_min;
+    constexpr int STAGE_BYTES = TypeTraits<T>::bytes * (MMQ_KT / TypeTraits<T>::qk);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int row0 = blockIdx.x * MMQ_BM, col0 = blockIdx.y * MMQ_BN;
     const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;     // this warp's 32 x 32 sub-tile
-    const int chunks = k / 32;
+    const int chunks = k / 32, stages = (chunks + MMQ_CH - 1) / MMQ_CH;
 
     float acc[2][4][4];
 #pragma unroll
@@ -64,40 +112,35 @@ mmq(const u8* __restrict__ w, const signed char* __restrict__ qs, const float2* 
 #pragma unroll
             for (int l = 0; l < 4; ++l) acc[i][j][l] = 0.f;
 
-    for (int c0 = 0; c0 < chunks; c0 += MMQ_CH) {
-        // ---- stage: weights, unpacked to int8 + scales (one chunk per thread per pass)
+    mmq_load_stage<T>(w, qs, ds, smem, 0, 0, row0, col0, m, k, row_bytes);
+    cp_async_commit();
+    for (int st = 0; st < stages; ++st) {
+        const int buf = st & 1;
+        if (st + 1 < stages) mmq_load_stage<T>(w, qs, ds, smem, buf ^ 1, st + 1, row0, col0, m, k, row_bytes);
+        cp_async_commit();
+        cp_async_wait_one();
+        __syncthreads();
+        // ---- unpack this stage's raw weight blocks (smem -> smem), one chunk per thread per pass
+        const u8* raw = smem + SM_RAW + buf * MMQ_BM * MMQ_RAW_LD;
+        const int c0 = st * MMQ_CH;
 #pragma unroll
         for (int p = 0; p < MMQ_BM * MMQ_CH / MMQ_THREADS; ++p) {
             const int idx = tid + p * MMQ_THREADS, r = idx / MMQ_CH, ch = idx % MMQ_CH;
             int v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             ChunkScale s = {{0.f, 0.f}, {0.f, 0.f}};
-            if (row0 + r < m && c0 + ch < chunks) unpack<T>(w + (long long)(row0 + r) * row_bytes, c0 + ch, v, s);
+            if (row0 + r < m && c0 + ch < chunks) {
+                const int off = (int)(((long long)(row0 + r) * row_bytes + (long long)st * STAGE_BYTES) & 15);
+                unpack<T>(raw + r * MMQ_RAW_LD + off, ch, v, s);
+            }
             int4* dst = (int4*)(sA + r * MMQ_LD + ch * 32);
             dst[0] = make_int4(v[0], v[1], v[2], v[3]);
             dst[1] = make_int4(v[4], v[5], v[6], v[7]);
-            sAd[(r * MMQ_CH + ch) * 2 + 0] = s.d[0];
-            sAd[(r * MMQ_CH + ch) * 2 + 1] = s.d[1];
-            if (HAS_MIN) {
-                sAm[(r * MMQ_CH + ch) * 2 + 0] = s.m[0];
-                sAm[(r * MMQ_CH + ch) * 2 + 1] = s.m[1];
-            }
-        }
-        // ---- stage: activations (16 bytes per thread per pass)
-#pragma unroll
-        for (int p = 0; p < MMQ_BN * (MMQ_KT / 16) / MMQ_THREADS; ++p) {
-            const int idx = tid + p * MMQ_THREADS, cl = idx / (MMQ_KT / 16), part = idx % (MMQ_KT / 16);
-            const int kk = c0 * 32 + part * 16;
-            int4 val = make_int4(0, 0, 0, 0);
-            if (kk < k) val = *(const int4*)(qs + (long long)(col0 + cl) * k + kk);
-            *(int4*)(sB + cl * MMQ_LD + part * 16) = val;
-        }
-#pragma unroll
-        for (int p = 0; p < MMQ_BN * MMQ_CH * 2 / MMQ_THREADS; ++p) {
-            const int idx = tid + p * MMQ_THREADS, cl = idx / (MMQ_CH * 2), h = idx % (MMQ_CH * 2);
-            const int kh = c0 * 2 + h;
-            sBd[idx] = kh < chunks * 2 ? ds[(long long)(col0 + cl) * (k / 16) + kh] : make_float2(0.f, 0.f);
+            *(float2*)(sAd + (r * MMQ_CH + ch) * 2) = make_float2(s.d[0], s.d[1]);
+            if (HAS_MIN) *(float2*)(sAm + (r * MMQ_CH + ch) * 2) = make_float2(s.m[0], s.m[1]);
         }
         __syncthreads();
+        const u8* sB = smem + SM_B + buf * MMQ_BN * MMQ_LD;
+        const float2* sBd = (const float2*)(smem + SM_BD) + buf * MMQ_BN * MMQ_CH * 2;
 
         // ---- compute
 #pragma unroll 2
