@@ -3,8 +3,11 @@
 
     python scripts/bench_kernels.py [--reps 50] [--types q4_K,q8_0] [--compare]
 
-Time per mul_mat call (activation quantization included), median over reps with CUDA events, weights rotated over
-copies that together exceed the L2 cache. TOPS = 2*m*n*k / t; weight GB/s = weight bytes / t.
+Two times per (type, n, path), medians over reps with CUDA events, weights rotated over copies that together exceed
+the L2 cache:
+  call_us   one whole mul_mat call from Python (activation quantization, allocations and launch costs included)
+  kernel_us the GPU time of the matmul kernel(s) alone: 10 back-to-back launches on preallocated buffers, divided by 10
+TOPS = 2*m*n*k / kernel_us; weight GB/s = weight bytes / kernel_us.
 --compare also times every quantized type on both MMQ and dequantize+cuBLAS at n >= 16 (for dispatch.py's table).
 """
 import argparse
@@ -38,6 +41,31 @@ def time_call(fn, reps):
         stop.synchronize()
         times.append(cp.cuda.get_elapsed_time(start, stop) * 1000.0)   # us
     return float(np.median(times))
+
+
+def kernel_only(path, w, x, out):
+    """A closure launching just the matmul kernel(s) of `path` on preallocated inputs and output."""
+    import cupy as cp
+
+    from engine.cuda import launch
+    n = x.shape[0]
+    if path == "mmvq":
+        qs, ds = launch.quantize_q8_1(x)
+        return lambda wi: launch.mmvq(wi, qs, ds, n, out)
+    if path == "mmq":
+        qs, ds = launch.quantize_q8_1(x, (n + launch.MMQ_BN - 1) // launch.MMQ_BN * launch.MMQ_BN)
+        return lambda wi: launch.mmq(wi, qs, ds, n, out)
+    if path == "dequant":
+        deq = cp.empty((w.m, w.k), cp.float16)
+        x16 = x.astype(cp.float16)
+        return lambda wi: (launch.dequantize_into(wi, deq), launch.gemm_xwt(x16, deq, out))
+    if path == "mmvf":
+        return lambda wi: launch.mmvf(wi, x, out)
+    return lambda wi: launch.gemm_xwt(x, wi.data, out)
+
+
+def time_batched(fn, ws, reps, batch=10):
+    return time_call(lambda i: [fn(ws[(i * batch + b) % len(ws)]) for b in range(batch)], reps) / batch
 
 
 def copy_bandwidth():
@@ -78,16 +106,19 @@ def main():
             paths = [choose_path(w0, n)]
             if args.compare and info.quantized and n >= 16:
                 paths = ["mmq", "dequant"]
+            out = cp.empty((n, M), cp.float32)
             for path in paths:
-                us = time_call(lambda i: mul_mat(ws[i % len(ws)], x, path=path), args.reps)
-                rows.append((name, n, path, us, w0.nbytes / (us * 1e-6) / 1e9, 2 * M * n * K / (us * 1e-6) / 1e12))
+                call_us = time_call(lambda i: mul_mat(ws[i % len(ws)], x, path=path), args.reps)
+                us = time_batched(kernel_only(path, w0, x, out), ws, args.reps)
+                rows.append((name, n, path, call_us, us, w0.nbytes / (us * 1e-6) / 1e9,
+                             2 * M * n * K / (us * 1e-6) / 1e12))
         del ws, w0
         cp.get_default_memory_pool().free_all_blocks()
-    print(f"\nm = {M}, k = {K}; time per mul_mat call (quantize_q8_1 included), median of {args.reps}\n")
-    print("| type | n | path | us | weight GB/s | TOPS |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for name, n, path, us, gbs, tops in rows:
-        print(f"| {name} | {n} | {path} | {us:.1f} | {gbs:.0f} | {tops:.1f} |")
+    print(f"\nm = {M}, k = {K}; medians of {args.reps}\n")
+    print("| type | n | path | call us | kernel us | weight GB/s | TOPS |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, n, path, call_us, us, gbs, tops in rows:
+        print(f"| {name} | {n} | {path} | {call_us:.1f} | {us:.1f} | {gbs:.0f} | {tops:.1f} |")
 
 
 if __name__ == "__main__":

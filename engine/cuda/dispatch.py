@@ -17,9 +17,10 @@ from .build import QTYPES
 from .weights import GPUWeight
 
 # Per compute capability: the largest column count MMVQ takes, and the smallest MMQ takes (per type; None = never).
-# Produced by scripts/bench_kernels.py on the device; see BENCHMARKS.md.
+# From `scripts/bench_kernels.py --compare` on the H200 (BENCHMARKS.md): at every n from 16 to 512 and every type,
+# dequantize+cuBLAS beat our MMQ by 2-5x, so sm_90 takes that path above 8 columns until MMQ improves.
 THRESHOLDS = {
-    (9, 0): {"mmvq_max": {}, "mmvq_default": 8, "mmq_min": {}, "mmq_default": 9},
+    (9, 0): {"mmvq_max": {}, "mmvq_default": 8, "mmq_min": {}, "mmq_default": None},
 }
 DEFAULT_ARCH = (9, 0)
 PATHS = ("mmvf", "cublas", "mmvq", "mmq", "dequant")

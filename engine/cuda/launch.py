@@ -64,9 +64,17 @@ def mmq(w: GPUWeight, qs, ds, n: int, out=None):
 def dequantize(w: GPUWeight, dtype="f16", rows=None):
     """Quantized W -> [m, k] f16/f32, or only the given rows (an embedding lookup) -> [len(rows), k]."""
     cp = _cp()
-    idx = None if rows is None else cp.ascontiguousarray(rows, dtype=cp.int32)
-    n_rows = w.m if idx is None else idx.shape[0]
+    n_rows = w.m if rows is None else len(rows)
     out = cp.empty((n_rows, w.k), cp.float16 if dtype == "f16" else cp.float32)
+    return dequantize_into(w, out, rows)
+
+
+def dequantize_into(w: GPUWeight, out, rows=None):
+    """dequantize() into a preallocated [n_rows, k] f16/f32 buffer."""
+    cp = _cp()
+    idx = None if rows is None else cp.ascontiguousarray(rows, dtype=cp.int32)
+    n_rows = out.shape[0]
+    dtype = "f16" if out.dtype == cp.float16 else "f32"
     chunks = n_rows * (w.k // 32)
     kernel("dequantize", f"dequantize_{dtype}<{int(w.type)}>")(
         ((chunks + 255) // 256,), (256,),
