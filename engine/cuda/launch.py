@@ -9,7 +9,12 @@ from .weights import GPUWeight
 MMQ_BM, MMQ_BN = 128, 64
 # kernels/mmq.cu MMQ_SMEM_BYTES: raw weights x2, unpacked weights, activations x2, weight scales and terms, act. scales x2
 MMQ_SMEM_BYTES = 2 * 128 * 320 + 128 * 272 + 2 * 64 * 272 + 2 * 128 * 8 * 2 * 4 + 2 * 64 * 8 * 2 * 8
-MMVQ_THREADS, MMVQ_ROWS = 128, 2
+MMVQ_THREADS = 128
+
+
+def mmvq_rows(ncols: int) -> int:
+    """Rows each MMVQ thread group serves (kernels/mmvq.cu mmvq_rows)."""
+    return 1 if ncols == 1 else 2
 
 
 def _cp():
@@ -39,7 +44,7 @@ def mmvq(w: GPUWeight, qs, ds, n: int, out=None):
     y = out if out is not None else cp.empty((n, w.m), cp.float32)
     chunks = w.k // 32
     groups = 1 if chunks >= 128 else 2 if chunks >= 64 else 4     # 128, 64 or 32 threads per group of rows
-    rows_per_block = groups * MMVQ_ROWS
+    rows_per_block = groups * mmvq_rows(n)
     grid = ((w.m + rows_per_block - 1) // rows_per_block,)
     kernel("mmvq", f"mmvq<{int(w.type)}, {n}>")(grid, (MMVQ_THREADS,),
                                                  (w.data, qs, ds, y, np.int32(w.m), np.int32(w.k),

@@ -3,18 +3,20 @@
 //   qs : [ncols, k] int8 and ds : [ncols, k/16] float2, from quantize_q8_1
 //   y  : [ncols, m] f32
 // Launch rule (should_use_mmvq in dispatch.py: quantized T, ncols <= 8): block of 128 threads in groups of
-// 128/groups threads (groups = 1, 2 or 4); each group serves MMVQ_ROWS consecutive rows, each thread takes every
-// (128/groups)-th chunk of those rows, loads the chunk's activations of all NCOLS columns once and dots them with the
-// MMVQ_ROWS weight chunks; grid ceil(m / (groups * MMVQ_ROWS)).
+// 128/groups threads (groups = 1, 2 or 4); each group serves mmvq_rows(NCOLS) consecutive rows (1 for one column,
+// where more blocks in flight matter most; 2 above, where reusing the activations matters), each thread takes every
+// (128/groups)-th chunk of those rows, loads the chunk's activations of all NCOLS columns once and dots them with each
+// row's weight chunk; grid ceil(m / (groups * mmvq_rows(NCOLS))).
 #include "common.cuh"
 
 #define MMVQ_THREADS 128
-#define MMVQ_ROWS 2
+__host__ __device__ constexpr int mmvq_rows(int ncols) { return ncols == 1 ? 1 : 2; }
 
 template <int T, int NCOLS>
 __global__ void __launch_bounds__(MMVQ_THREADS)
 mmvq(const u8* __restrict__ w, const signed char* __restrict__ qs, const float2* __restrict__ ds,
      float* __restrict__ y, int m, int k, long long row_bytes, int groups) {
+    constexpr int MMVQ_ROWS = mmvq_rows(NCOLS);
     __shared__ float partial[MMVQ_ROWS][NCOLS][MMVQ_THREADS / 32];
     const int tpg = MMVQ_THREADS / groups;                       // threads per group
     const int group = threadIdx.x / tpg, lane = threadIdx.x % tpg;
