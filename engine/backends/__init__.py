@@ -14,20 +14,26 @@ def cuda_available() -> bool:
         return False
 
 
+def cuda_backend_built() -> bool:
+    """Whether this version has a CUDA runtime backend (engine/backends/cuda.py); the kernels come first."""
+    import importlib.util
+    return importlib.util.find_spec(f"{__name__}.cuda") is not None
+
+
 def get_backend(device: str = "auto", exact: bool = False):
     if device == "auto":
-        device = "cuda" if not exact and cuda_available() else "cpu"
+        device = "cuda" if not exact and cuda_backend_built() and cuda_available() else "cpu"
     if device == "cpu":
         from .cpu import CPUBackend
         return CPUBackend(exact=exact)
     if device == "cuda":
         if exact:
             raise BackendError("the exact (float64) mode runs on the CPU backend only")
+        if not cuda_backend_built():
+            raise BackendError("--device cuda: this version has the CUDA kernels (engine/cuda) but no CUDA runtime "
+                               "backend yet; use --device cpu")
         if not cuda_available():
             raise BackendError("--device cuda: no CUDA GPU visible to CuPy (install engine[cuda] on a GPU machine)")
-        try:
-            from .cuda import CUDABackend
-        except ImportError as e:
-            raise BackendError(f"the CUDA backend is not available: {e}") from None
+        from .cuda import CUDABackend
         return CUDABackend()
     raise BackendError(f"unknown device {device!r} (cpu, cuda or auto)")
