@@ -185,14 +185,22 @@ template <> __device__ __forceinline__ void unpack<T_Q3_K>(const u8* row, int c,
 }
 
 template <> __device__ __forceinline__ void unpack<T_Q4_K>(const u8* row, int c, int v[8], ChunkScale& s) {
+    // blocks are 144 bytes (16-byte aligned): d|dmin in one word, the 12 scale bytes in three, the chunk's 32 qs
+    // bytes in two 16-byte loads
     const u8* b = row + (c >> 3) * 144;
     const int j = c & 7;
-    int sc, mn;
-    scale_min_k4(b + 4, j, sc, mn);
-    same_halves(s, ld_f16(b) * (float)sc, -(ld_f16(b + 2) * (float)mn));
+    const u32 dm = ld_u32_a4(b);
+    const u32 sw0 = ld_u32_a4(b + 4), sw1 = ld_u32_a4(b + 8), sw2 = ld_u32_a4(b + 12);
+    const uint4 q0 = *(const uint4*)(b + 16 + (j >> 1) * 32), q1 = *(const uint4*)(b + 32 + (j >> 1) * 32);
+    auto byte = [&](int i) -> int { return (int)(((i < 4 ? sw0 : i < 8 ? sw1 : sw2) >> (8 * (i & 3))) & 0xFF); };
+    int sc, mn;   // scale_min_k4 on the three words
+    if (j < 4) { sc = byte(j) & 63; mn = byte(j + 4) & 63; }
+    else { sc = (byte(j + 4) & 0xF) | ((byte(j - 4) >> 6) << 4); mn = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4); }
+    same_halves(s, h2f((u16)dm) * (float)sc, -(h2f((u16)(dm >> 16)) * (float)mn));
     const int sh = 4 * (j & 1);
+    const u32 q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = (ld_u32_a4(b + 16 + (j >> 1) * 32 + 4 * i) >> sh) & 0x0F0F0F0F;
+    for (int i = 0; i < 8; ++i) v[i] = (q[i] >> sh) & 0x0F0F0F0F;
 }
 
 template <> __device__ __forceinline__ void unpack<T_Q5_K>(const u8* row, int c, int v[8], ChunkScale& s) {
