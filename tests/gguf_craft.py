@@ -9,11 +9,11 @@ def _str(s: str) -> bytes:
     return struct.pack("<Q", len(b)) + b
 
 
-def build(version=3, n_kv_override=None, tensor_offset_override=None, array_len_override=None, type_id=0) -> tuple[bytes, int]:
+def build(version=3, n_kv_override=None, tensor_offset_override=None, array_len_override=None, type_id=0, arch="llama") -> tuple[bytes, int]:
     """A tiny llama-like file with one F32 tensor 'w' of shape [8, 2]; returns (bytes, data_offset)."""
     kv = [
-        _str("general.architecture") + struct.pack("<I", 8) + _str("llama"),
-        _str("llama.block_count") + struct.pack("<II", 4, 1),
+        _str("general.architecture") + struct.pack("<I", 8) + _str(arch),
+        _str(f"{arch}.block_count") + struct.pack("<II", 4, 1),
         _str("tokenizer.ggml.scores") + struct.pack("<IIQ", 9, 6, array_len_override or 2) + struct.pack("<ff", 0.5, 1.5),
     ]
     n_kv = len(kv) if n_kv_override is None else n_kv_override

@@ -33,11 +33,29 @@ class Transformer:
         except UnsupportedTypeError as e:
             raise ModelLoadError(f"{self.gguf.path}: tensor '{name}': {e}") from None
 
-    def output_weight(self, tied):
-        """`output.weight`, or the token embeddings when the file ties them."""
+    def load_embeddings(self) -> None:
+        """token_embd, output_norm, and output (the token embeddings when the file ties them)."""
         c = self.cfg
+        self.tok_embd = self.weight("token_embd.weight", (c.n_vocab, c.n_embd))
+        self.output_norm = self.weight("output_norm.weight", (c.n_embd,))
         out = self.weight("output.weight", (c.n_vocab, c.n_embd), optional=True)
-        return tied if out is None else out
+        self.output = self.tok_embd if out is None else out
+
+    def block_weight_names(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """The attention and gated-FFN weights every block of these architectures has: {attr: (suffix, shape)}."""
+        c = self.cfg
+        q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+        return {
+            "attn_norm": ("attn_norm.weight", (c.n_embd,)),
+            "wq": ("attn_q.weight", (q_dim, c.n_embd)),
+            "wk": ("attn_k.weight", (kv_dim, c.n_embd)),
+            "wv": ("attn_v.weight", (kv_dim, c.n_embd)),
+            "wo": ("attn_output.weight", (c.n_embd, q_dim)),
+            "ffn_norm": ("ffn_norm.weight", (c.n_embd,)),
+            "gate": ("ffn_gate.weight", (c.n_ff, c.n_embd)),
+            "up": ("ffn_up.weight", (c.n_ff, c.n_embd)),
+            "down": ("ffn_down.weight", (c.n_embd, c.n_ff)),
+        }
 
     def layer_weights(self, il: int, names: dict[str, tuple[str, tuple[int, ...] | None]]) -> SimpleNamespace:
         """{attr: (tensor suffix, shape)} -> a namespace of blk.{il}.* weights."""

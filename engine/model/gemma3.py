@@ -14,25 +14,14 @@ class Gemma3(Transformer):
     def __init__(self, gguf, backend, config):
         super().__init__(gguf, backend, config)
         c = config
-        q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
-        self.tok_embd = self.weight("token_embd.weight", (c.n_vocab, c.n_embd))
-        self.output_norm = self.weight("output_norm.weight", (c.n_embd,))
-        self.output = self.output_weight(self.tok_embd)
-        self.layers = [self.layer_weights(il, {
-            "attn_norm": ("attn_norm.weight", (c.n_embd,)),
-            "wq": ("attn_q.weight", (q_dim, c.n_embd)),
-            "wk": ("attn_k.weight", (kv_dim, c.n_embd)),
-            "wv": ("attn_v.weight", (kv_dim, c.n_embd)),
+        self.load_embeddings()
+        extra = {
             "q_norm": ("attn_q_norm.weight", (c.head_dim,)),
             "k_norm": ("attn_k_norm.weight", (c.head_dim,)),
-            "wo": ("attn_output.weight", (c.n_embd, q_dim)),
             "post_attn_norm": ("post_attention_norm.weight", (c.n_embd,)),
-            "ffn_norm": ("ffn_norm.weight", (c.n_embd,)),
-            "gate": ("ffn_gate.weight", (c.n_ff, c.n_embd)),
-            "up": ("ffn_up.weight", (c.n_ff, c.n_embd)),
-            "down": ("ffn_down.weight", (c.n_embd, c.n_ff)),
             "post_ffn_norm": ("post_ffw_norm.weight", (c.n_embd,)),
-        }) for il in range(c.n_layer)]
+        }
+        self.layers = [self.layer_weights(il, {**self.block_weight_names(), **extra}) for il in range(c.n_layer)]
 
     def is_sliding(self, il: int) -> bool:
         return self.cfg.sliding_window is not None and il % GLOBAL_EVERY < GLOBAL_EVERY - 1
