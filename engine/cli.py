@@ -122,6 +122,26 @@ def cmd_generate(args) -> int:
     return 0
 
 
+# -- serve -----------------------------------------------------------------------------------------------------
+def cmd_serve(args) -> int:
+    try:
+        import uvicorn
+
+        from server.app import create_app
+    except ImportError as e:
+        return _fail(f"the server needs its extra: pip install -e '.[server]' ({e})")
+    model = hub.resolve_model(args.model)
+    GGUFFile(model)   # a bad file is reported here, before the server starts
+    if args.parallel < 1:
+        return _fail("--parallel must be >= 1")
+    app = create_app(model, device=args.device, n_parallel=args.parallel, n_ctx=args.ctx, api_key=args.api_key,
+                     model_id=args.model if args.model in hub.MODELS else None)
+    print(f"engine: serving {args.model} on http://{args.host}:{args.port} ({args.parallel} parallel sequences)",
+          file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
 # -- fetch -----------------------------------------------------------------------------------------------------
 def cmd_fetch(args) -> int:
     for name in args.names or list(hub.MODELS):
@@ -187,6 +207,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ubatch", type=int, default=512)
     s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
     s.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    s.add_argument("model", nargs="?", default=hub.DEFAULT_MODEL)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--parallel", type=int, default=4, help="sequences decoded together (KV slots)")
+    s.add_argument("--ctx", type=int, default=None, help="context length of each sequence")
+    s.add_argument("--api-key", default=None)
+    s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
+    s.add_argument("--log-level", default="warning")
+    s.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("fetch", help="download the test models into the cache")
     s.add_argument("names", nargs="*")

@@ -1,0 +1,219 @@
+"""Continuous batching: many sequences share the runtime; one decode step serves every running sequence.
+
+    sched = Scheduler(runtime)                       # runtime built with n_seq = the number of KV slots
+    sid = sched.submit(Request(prompt_ids, params, max_tokens=64), on_event)
+    while sched.step(): ...                          # or sched.run_in_thread()
+
+A step: admit one waiting request into a free KV slot (prefill in ubatches, sample its first token), then one
+decode step for every running sequence. Requests beyond the free slots wait in a FIFO queue. on_event receives a
+TokenEvent per generated token and one FinishEvent, from the scheduler's thread.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .runtime import ContextLengthError, Runtime
+from .sampling import Sampler, SamplingParams
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int = 128
+    ignore_eos: bool = False
+    top_logprobs: int | None = None     # None: no log-probs; 0: the chosen token's only; k: also the k best
+
+
+@dataclass
+class TokenEvent:
+    token: int
+    logprob: float | None = None
+    top: list[tuple[int, float]] | None = None
+
+
+@dataclass
+class FinishEvent:
+    reason: str                         # "stop" | "length" | "cancelled" | "error"
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None = None
+
+
+@dataclass
+class _Seq:
+    id: int
+    req: Request
+    on_event: Callable
+    slot: int = -1
+    pos: int = 0
+    sampler: Sampler | None = None
+    history: list[int] = field(default_factory=list)
+    generated: int = 0
+    last: int = -1
+
+
+@dataclass
+class Stats:
+    requests_total: int = 0
+    requests_finished: int = 0
+    prompt_tokens_total: int = 0
+    generated_tokens_total: int = 0
+    decode_steps: int = 0
+    tokens_per_second: float = 0.0     # generated tokens per second over the last decode steps
+
+
+class Scheduler:
+    def __init__(self, runtime: Runtime):
+        self.rt = runtime
+        self.free_slots = list(range(runtime.n_seq))
+        self.waiting: deque[_Seq] = deque()
+        self.running: list[_Seq] = []
+        self.cancelled: set[int] = set()
+        self.stats = Stats()
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    # -- requests --------------------------------------------------------------------------------------------
+    def submit(self, req: Request, on_event: Callable) -> int:
+        req.params.validate()
+        self.rt.check_fits(len(req.prompt))
+        if len(req.prompt) + req.max_tokens > self.rt.n_ctx:
+            raise ContextLengthError(f"the prompt ({len(req.prompt)} tokens) plus max_tokens ({req.max_tokens}) "
+                                     f"exceeds the context of {self.rt.n_ctx} tokens")
+        with self._lock:
+            seq = _Seq(next(self._ids), req, on_event)
+            self.waiting.append(seq)
+            self.stats.requests_total += 1
+            self._wake.notify()
+            return seq.id
+
+    def cancel(self, seq_id: int) -> None:
+        """Stop a sequence at the next step and free its KV slot (e.g. its client disconnected)."""
+        with self._lock:
+            self.cancelled.add(seq_id)
+            self._wake.notify()
+
+    @property
+    def queue_length(self) -> int:
+        return len(self.waiting)
+
+    # -- the step --------------------------------------------------------------------------------------------
+    def step(self) -> bool:
+        """Admit, then decode. False when there was nothing to do."""
+        self._drop_cancelled()
+        admitted = self._admit_one()
+        if self.running:
+            self._decode()
+            return True
+        return admitted
+
+    def _drop_cancelled(self) -> None:
+        with self._lock:
+            if not self.cancelled:
+                return
+            gone, self.cancelled = self.cancelled, set()
+            dropped = [s for s in self.waiting if s.id in gone]
+            self.waiting = deque(s for s in self.waiting if s.id not in gone)
+        for s in dropped + [s for s in self.running if s.id in gone]:
+            self._finish(s, "cancelled")
+
+    def _admit_one(self) -> bool:
+        with self._lock:
+            if not self.waiting or not self.free_slots:
+                return False
+            seq = self.waiting.popleft()
+            seq.slot = self.free_slots.pop()
+        try:
+            seq.sampler = Sampler(seq.req.params)
+            seq.history = list(seq.req.prompt)
+            logits = self.rt.prefill(seq.req.prompt, seq=seq.slot)[-1]
+        except Exception as e:   # a request that cannot run must not stop the others
+            self._finish(seq, "error", str(e))
+            return True
+        seq.pos = len(seq.req.prompt)
+        self.stats.prompt_tokens_total += seq.pos
+        self.running.append(seq)
+        self._emit(seq, logits)
+        return True
+
+    def _decode(self) -> None:
+        seqs = list(self.running)
+        t0 = time.perf_counter()
+        logits = self.rt.decode([s.slot for s in seqs], [s.last for s in seqs], [s.pos for s in seqs])
+        for s in seqs:
+            s.pos += 1
+        for s, row in zip(seqs, logits):
+            self._emit(s, row)
+        dt = time.perf_counter() - t0
+        self.stats.decode_steps += 1
+        rate = len(seqs) / dt if dt > 0 else 0.0
+        self.stats.tokens_per_second = rate if self.stats.decode_steps == 1 else \
+            0.9 * self.stats.tokens_per_second + 0.1 * rate
+
+    def _emit(self, seq: _Seq, logits: np.ndarray) -> None:
+        """Sample the next token of a running sequence from its logits, report it, finish it if it ended."""
+        req = seq.req
+        if seq.generated >= req.max_tokens:
+            self._finish(seq, "length")
+            return
+        tid = seq.sampler(logits, seq.history)
+        if not req.ignore_eos and self.rt.is_end_of_generation(tid):
+            self._finish(seq, "stop")
+            return
+        event = TokenEvent(tid)
+        if req.top_logprobs is not None:
+            x = logits.astype(np.float64)
+            lse = x.max() + np.log(np.exp(x - x.max()).sum())
+            event.logprob = float(x[tid] - lse)
+            if req.top_logprobs > 0:
+                top = np.argsort(-x)[:req.top_logprobs]
+                event.top = [(int(i), float(x[i] - lse)) for i in top]
+        seq.history.append(tid)
+        seq.generated += 1
+        seq.last = tid
+        self.stats.generated_tokens_total += 1
+        seq.on_event(event)
+        if seq.generated >= req.max_tokens or seq.pos >= self.rt.n_ctx:
+            self._finish(seq, "length")
+
+    def _finish(self, seq: _Seq, reason: str, error: str | None = None) -> bool:
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq.slot >= 0:
+            self.free_slots.append(seq.slot)
+            seq.slot = -1
+        self.stats.requests_finished += 1
+        seq.on_event(FinishEvent(reason, len(seq.req.prompt), seq.generated, error))
+        return True
+
+    # -- the loop --------------------------------------------------------------------------------------------
+    def run_in_thread(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stop and not self.waiting and not self.running and not self.cancelled:
+                    self._wake.wait()
+                if self._stop:
+                    return
+            self.step()
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._stop = True
+            self._wake.notify()
+        if self._thread:
+            self._thread.join(timeout=5)

@@ -1,0 +1,235 @@
+"""The OpenAI-compatible server: a real uvicorn process on loopback, driven by the openai client and raw HTTP."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+PROMPT = "The capital of France is"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(*extra) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "smollm2-135m", "--port", str(port),
+                             "--device", "cpu", "--ctx", "256", *extra],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {proc.stderr.read()}")
+        try:
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                return proc, base
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("server did not become healthy")
+
+
+@pytest.fixture(scope="module")
+def server(model_path):
+    model_path("smol")
+    proc, base = start_server("--parallel", "4")
+    yield base
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+    return OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def generate_cli(prompt, n):
+    r = subprocess.run([sys.executable, "-m", "engine.cli", "generate", "smollm2-135m", prompt, "-n", str(n),
+                        "--temp", "0", "--ignore-eos", "--device", "cpu", "--ctx", "256", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_greedy_completion_equals_engine_generate(client):
+    r = client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=12, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert r.choices[0].text == generate_cli(PROMPT, 12)["text"]
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens == 5 and r.usage.completion_tokens == 12 and r.usage.total_tokens == 17
+
+
+def test_streamed_completion_equals_whole(client):
+    whole = client.completions.create(prompt=PROMPT, max_tokens=10, temperature=0, model="smollm2-135m")
+    chunks = list(client.completions.create(prompt=PROMPT, max_tokens=10, temperature=0, model="smollm2-135m",
+                                            stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.choices[0].text
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_chat_stream_and_not(client):
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    r = client.chat.completions.create(model="smollm2-135m", messages=msgs, max_tokens=12, temperature=0)
+    assert r.choices[0].message.role == "assistant" and r.choices[0].message.content
+    assert r.choices[0].finish_reason in ("stop", "length")
+    chunks = list(client.chat.completions.create(model="smollm2-135m", messages=msgs, max_tokens=12,
+                                                 temperature=0, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == r.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_strings_never_emitted(client, stream):
+    full = client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=12, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    assert full.startswith(" Paris.\n\n")
+    for stop, expected in [("\n", " Paris."), ("aris", " P"), (".\n\nThe", " Paris")]:  # inside and across tokens
+        kw = dict(model="smollm2-135m", prompt=PROMPT, max_tokens=12, temperature=0, stop=[stop, "zzz"])
+        if stream:
+            chunks = list(client.completions.create(stream=True, **kw))
+            text = "".join(c.choices[0].text for c in chunks)
+            reason = chunks[-1].choices[0].finish_reason
+        else:
+            r = client.completions.create(**kw)
+            text, reason = r.choices[0].text, r.choices[0].finish_reason
+        assert text == expected and reason == "stop", stop
+
+
+def test_n_choices_and_seed(client):
+    kw = dict(model="smollm2-135m", prompt="Once upon a time", max_tokens=8, temperature=1.0, seed=11)
+    a = client.completions.create(n=2, **kw)
+    b = client.completions.create(n=2, **kw)
+    assert sorted(c.index for c in a.choices) == [0, 1]
+    assert [c.text for c in a.choices] == [c.text for c in b.choices]
+    assert a.usage.completion_tokens <= 16 and a.usage.prompt_tokens == 4
+
+
+def test_logprobs(client):
+    r = client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=4, temperature=0, logprobs=3,
+                                  extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == 4 == len(lp.token_logprobs) and all(x <= 0 for x in lp.token_logprobs)
+    assert all(len(t) == 3 for t in lp.top_logprobs)
+    assert "".join(lp.tokens) == r.choices[0].text
+    c = client.chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": "Hi"}],
+                                       max_tokens=3, temperature=0, logprobs=True, top_logprobs=2)
+    content = c.choices[0].logprobs.content
+    assert content and all(len(e.top_logprobs) == 2 for e in content)
+
+
+def test_echo_and_token_ids_prompt(client, server):
+    r = client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=3, temperature=0, echo=True)
+    assert r.choices[0].text.startswith(PROMPT)
+    ids = httpx.post(server + "/tokenize", json={"content": PROMPT}).json()["tokens"]
+    assert ids == [504, 3575, 282, 4649, 314]
+    r2 = client.completions.create(model="smollm2-135m", prompt=ids, max_tokens=3, temperature=0)
+    assert PROMPT + r2.choices[0].text == r.choices[0].text
+    back = httpx.post(server + "/detokenize", json={"tokens": ids}).json()["content"]
+    assert back == PROMPT
+
+
+def test_models_metrics_health(server):
+    assert httpx.get(server + "/v1/models").json()["data"][0]["id"] == "smollm2-135m"
+    metrics = httpx.get(server + "/metrics").text
+    for name in ("engine_requests_total", "engine_requests_waiting", "engine_generated_tokens_total",
+                 "engine_generated_tokens_per_second"):
+        assert f"\n{name} " in "\n" + metrics
+    assert httpx.get(server + "/health").json() == {"status": "ok"}
+
+
+@pytest.mark.parametrize("body,status,param", [
+    ('{"prompt": "x", "max_tokens": ', 400, None),                                   # malformed JSON
+    ('{"prompt": "x", "max_tokens": "many"}', 400, "max_tokens"),
+    ('{"prompt": "x", "temperature": 9}', 400, "temperature"),
+    ('{"max_tokens": 4}', 400, "prompt"),
+    ('{"prompt": "x", "max_tokens": 100000}', 400, "max_tokens"),                    # over the context
+    ('{"prompt": "x", "model": "gpt-9"}', 404, "model"),
+])
+def test_errors(server, body, status, param):
+    r = httpx.post(server + "/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert err["message"] and err["param"] == param and err["code"] == status
+
+
+def test_chat_errors(server):
+    r = httpx.post(server + "/v1/chat/completions", json={"messages": []})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    r = httpx.post(server + "/v1/chat/completions", json={"messages": [{"role": "wizard", "content": "x"}]})
+    assert r.status_code == 400
+
+
+def test_api_key(model_path):
+    model_path("smol")
+    proc, base = start_server("--api-key", "sekret", "--parallel", "1")
+    try:
+        assert httpx.get(base + "/health").status_code == 200
+        assert httpx.get(base + "/v1/models").status_code == 401
+        assert httpx.get(base + "/v1/models", headers={"authorization": "Bearer wrong"}).status_code == 401
+        r = httpx.post(base + "/v1/completions", json={"prompt": "x", "max_tokens": 1},
+                       headers={"authorization": "Bearer sekret"})
+        assert r.status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def stream_tokens(server, prompt, max_tokens, results, i, stop_after=None):
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.7, "seed": i, "stream": True,
+            "extra": 1, "ignore_eos": True}
+    pieces, done = [], False
+    with httpx.stream("POST", server + "/v1/completions", json=body, timeout=300) as r:
+        for line in r.iter_lines():
+            if not line:
+                continue
+            assert line.startswith("data: ")
+            if line == "data: [DONE]":
+                done = True
+                break
+            obj = json.loads(line[6:])
+            pieces.append(obj["choices"][0])
+            if stop_after is not None and len(pieces) >= stop_after:
+                break                                              # disconnect mid-stream
+    results[i] = (pieces, done)
+
+
+def test_concurrent_clients_and_disconnect(server):
+    results = {}
+    threads = [threading.Thread(target=stream_tokens, args=(server, f"Story {i}:", 10, results, i,
+                                                            3 if i == 5 else None)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert len(results) == 16
+    for i, (pieces, done) in results.items():
+        if i == 5:
+            assert len(pieces) == 3 and not done
+            continue
+        assert done, i
+        assert pieces[-1]["finish_reason"] == "length" and sum(1 for p in pieces if p["text"]) >= 1
+    deadline = time.time() + 30                                     # the queue drains and every slot is freed
+    while time.time() < deadline:
+        m = dict(line.split() for line in httpx.get(server + "/metrics").text.splitlines()
+                 if line and not line.startswith("#"))
+        if m["engine_requests_running"] == "0" and m["engine_requests_waiting"] == "0" \
+                and m["engine_kv_slots_free"] == "4":
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"server did not drain: {m}")
+    r = httpx.post(server + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2})   # capacity is reused
+    assert r.status_code == 200
