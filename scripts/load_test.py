@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Load test: N concurrent streaming clients for T seconds against a running `engine serve`.
+
+    python scripts/load_test.py --url http://127.0.0.1:8080 --clients 8 --seconds 30 --max-tokens 64
+
+Prints requests/s, generated tokens/s, p50/p99 time to first token and per-token latency, and the error count.
+"""
+import argparse
+import asyncio
+import json
+import time
+
+import httpx
+import numpy as np
+
+
+async def client_loop(url, deadline, args, stats, cid):
+    async with httpx.AsyncClient(timeout=300) as http:
+        i = 0
+        while time.perf_counter() < deadline:
+            body = {"prompt": f"Client {cid} request {i}: write a story about", "max_tokens": args.max_tokens,
+                    "temperature": 0.8, "seed": cid * 1000 + i, "stream": True, "ignore_eos": True}
+            if args.api_key:
+                headers = {"authorization": f"Bearer {args.api_key}"}
+            else:
+                headers = {}
+            t0 = time.perf_counter()
+            times = []
+            try:
+                async with http.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:
+                    if r.status_code != 200:
+                        stats["errors"] += 1
+                        await r.aread()
+                        continue
+                    async for line in r.aiter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        obj = json.loads(line[6:])
+                        if obj.get("choices") and obj["choices"][0].get("text"):
+                            times.append(time.perf_counter())
+            except httpx.HTTPError:
+                stats["errors"] += 1
+                continue
+            if times:
+                stats["ttft"].append(times[0] - t0)
+                stats["itl"].extend(np.diff(times).tolist())
+                stats["tokens"] += len(times)
+            stats["requests"] += 1
+            i += 1
+
+
+async def main_async(args):
+    stats = {"requests": 0, "tokens": 0, "errors": 0, "ttft": [], "itl": []}
+    start = time.perf_counter()
+    deadline = start + args.seconds
+    await asyncio.gather(*(client_loop(args.url, deadline, args, stats, c) for c in range(args.clients)))
+    elapsed = time.perf_counter() - start
+    p = lambda xs, q: float(np.percentile(xs, q)) * 1000 if xs else float("nan")  # noqa: E731
+    print(f"clients {args.clients}, {elapsed:.1f} s: {stats['requests'] / elapsed:.2f} requests/s, "
+          f"{stats['tokens'] / elapsed:.1f} generated tokens/s, TTFT p50 {p(stats['ttft'], 50):.0f} ms "
+          f"p99 {p(stats['ttft'], 99):.0f} ms, per-token p50 {p(stats['itl'], 50):.1f} ms "
+          f"p99 {p(stats['itl'], 99):.1f} ms, errors {stats['errors']}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--url", default="http://127.0.0.1:8080")
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=30)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--api-key", default=None)
+    asyncio.run(main_async(ap.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
