@@ -1,0 +1,81 @@
+"""Each CUDA backend operation against the numpy backend, fresh random inputs (GPU only)."""
+import numpy as np
+import pytest
+
+from engine.backends.base import Batch
+from engine.backends.cpu import CPUBackend
+
+pytestmark = pytest.mark.gpu
+
+
+def nmse(a, b):
+    return float(np.sum((np.asarray(a, np.float64) - b) ** 2) / np.sum(np.asarray(b, np.float64) ** 2))
+
+
+@pytest.fixture(scope="module")
+def backends():
+    from engine.backends.cuda import CUDABackend
+    return CPUBackend(), CUDABackend(), CUDABackend(kv_f32=True)
+
+
+def test_rms_norm(backends):
+    import cupy as cp
+    cpu, gpu, _ = backends
+    rng = np.random.default_rng()
+    for shape in [(7, 640), (5, 4, 256), (1, 576)]:
+        x = rng.standard_normal(shape).astype(np.float32) * 3
+        w = rng.standard_normal(shape[-1]).astype(np.float32)
+        y = gpu.rms_norm(cp.asarray(x), cp.asarray(w), 1e-6).get()
+        assert nmse(y, cpu.rms_norm(x, w, 1e-6)) < 1e-12
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope(backends, neox):
+    import cupy as cp
+    cpu, gpu, _ = backends
+    rng = np.random.default_rng()
+    for n, heads, hd, n_rot in [(9, 3, 64, 64), (4, 2, 256, 256), (3, 5, 128, 64)]:
+        x = rng.standard_normal((n, heads, hd)).astype(np.float32)
+        pos = rng.integers(0, 5000, n).astype(np.int32)
+        y = gpu.rope(cp.asarray(x), pos, n_rot, 10000.0, neox).get()
+        np.testing.assert_allclose(y, cpu.rope(x, pos, n_rot, 10000.0, neox), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_attention(backends, window):
+    import cupy as cp
+    cpu, gpu16, gpu32 = backends
+    rng = np.random.default_rng()
+    n_head, n_kv, d, n_ctx = 8, 2, 64, 32
+    # two sequences in slots 1 and 0: a 6-token prefill continuing at position 3, and a one-token decode at 10
+    seq_ids = [1] * 6 + [0]
+    positions = list(range(3, 9)) + [10]
+    batch = Batch.make(np.zeros(7), positions, seq_ids, np.arange(7))
+    ccache = cpu.kv_cache(1, 2, n_ctx, n_kv, d)
+    history = rng.standard_normal((2, 2, n_ctx, n_kv, d)).astype(np.float32)  # what earlier steps stored
+    ccache.k[0][:], ccache.v[0][:] = history[0], history[1]
+    q = rng.standard_normal((7, n_head, d)).astype(np.float32)
+    k = rng.standard_normal((7, n_kv, d)).astype(np.float32)
+    v = rng.standard_normal((7, n_kv, d)).astype(np.float32)
+    ref = cpu.attention(q, k, v, ccache, 0, batch, 0.125, window)
+    for gpu, bound in [(gpu32, 1e-10), (gpu16, 1e-5)]:
+        gcache = gpu.kv_cache(1, 2, n_ctx, n_kv, d)
+        gcache.k[0][:] = cp.asarray(history[0]).astype(gcache.k[0].dtype)
+        gcache.v[0][:] = cp.asarray(history[1]).astype(gcache.v[0].dtype)
+        out = gpu.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), gcache, 0, batch, 0.125, window).get()
+        assert nmse(out, ref) < bound, (gpu.kv_dtype, nmse(out, ref))
+
+
+def test_glu_and_embed(backends):
+    import cupy as cp
+    from engine.cuda.weights import upload
+    from engine.quants import GGMLType, dequantize, random_blocks
+    cpu, gpu, _ = backends
+    rng = np.random.default_rng()
+    g, u = (rng.standard_normal((5, 300)).astype(np.float32) * 3 for _ in range(2))
+    assert nmse(gpu.swiglu(cp.asarray(g), cp.asarray(u)).get(), cpu.swiglu(g, u)) < 1e-12
+    assert nmse(gpu.geglu(cp.asarray(g), cp.asarray(u)).get(), cpu.geglu(g, u)) < 1e-12
+    blocks = random_blocks(GGMLType.Q8_0, 50 * 8, rng)
+    table = upload(GGMLType.Q8_0, (50, 256), blocks)
+    tokens = rng.integers(0, 50, 9).astype(np.int32)
+    np.testing.assert_array_equal(gpu.embed(table, tokens).get(), dequantize(blocks, GGMLType.Q8_0, (50, 256))[tokens])
