@@ -1,0 +1,36 @@
+"""The CUDA runtime on the real models: greedy-32 against llama.cpp's CUDA tokens, fidelity against the exact path."""
+import json
+
+import pytest
+
+from conftest import DATA, GOLDEN, MODEL_KEYS, read_golden, read_prompts
+from engine.logprobs import compare, read_lp, top_k_logprobs
+from engine.runtime import Runtime
+from engine.sampling import SamplingParams
+from test_runtime_cpu import first_near_tie
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+FIDELITY_KL = {"smol": 0.0035, "gemma": 0.0045}
+
+
+@pytest.mark.parametrize("key", ["smol", "gemma"])
+def test_greedy32_cuda(model_path, key):
+    rt = Runtime.load(model_path(key), device="cuda", n_ctx=1024)
+    path = DATA / "greedy32.cuda.json"
+    recorded = json.loads(path.read_text())[key] if path.exists() else None
+    for i, (prompt, gold) in enumerate(zip(read_prompts(key), read_golden(key, "cuda"))):
+        ours = list(rt.generate(rt.tokenizer.encode(prompt), SamplingParams(temperature=0), 32, ignore_eos=True))
+        n = first_near_tie(gold["margins"])
+        assert ours[:n] == gold["tokens"][:n], prompt[:40]
+        if recorded is not None:
+            assert ours == recorded[i], prompt[:40]
+
+
+@pytest.mark.parametrize("key", ["smol", "gemma"])
+def test_fidelity_cuda_against_exact(model_path, key):
+    rt = Runtime.load(model_path(key), device="cuda", n_ctx=4096)
+    tokens = [int(x) for x in (GOLDEN / f"apache.{key}.tokens").read_text().split()]
+    ours = top_k_logprobs(rt.prefill(tokens, all_logits=True))
+    result = compare(ours, read_lp(DATA / "exact" / f"apache.{key}.exact.lp16.bin"))
+    print(key, "cuda vs exact", result)
+    assert result["kl_mean"] <= FIDELITY_KL[key]
