@@ -48,6 +48,9 @@ def choose_path(w: GPUWeight, n: int, arch: tuple[int, int] | None = None) -> st
 def mul_mat(w: GPUWeight, x, path: str | None = None, out=None):
     """x: [n, k] f32 -> [n, m] f32."""
     n = x.shape[0]
+    if n == 0:
+        import cupy
+        return cupy.empty((0, w.m), cupy.float32)
     path = path or os.environ.get("ENGINE_MUL_MAT_PATH") or choose_path(w, n)
     if path == "mmvq" and n > 8:
         raise ValueError("MMVQ takes at most 8 columns")

@@ -45,5 +45,7 @@ class Gemma3(Transformer):
             h = B.rms_norm(x, L.ffn_norm, c.rms_eps)
             f = B.geglu(B.mul_mat(L.gate, h), B.mul_mat(L.up, h))                  # f: [n, n_ff]
             x = B.add(x, B.rms_norm(B.mul_mat(L.down, f), L.post_ffn_norm, c.rms_eps))
+        if len(batch.logit_rows) == 0:                                     # a ubatch that only fills the cache
+            return None
         x = B.rms_norm(B.rows(x, batch.logit_rows), self.output_norm, c.rms_eps)   # x: [n_out, n_embd]
         return B.mul_mat(self.output, x)                                          # logits: [n_out, n_vocab]
