@@ -64,6 +64,8 @@ class Runtime:
         self.config = self.model.cfg
         if n_ubatch < 1:
             raise ValueError("n_ubatch must be >= 1")
+        if n_ctx is not None and n_ctx < 1:
+            raise ValueError("n_ctx must be >= 1")
         self.n_ctx = n_ctx or min(DEFAULT_CTX, self.config.n_ctx_train)
         self.n_ubatch = n_ubatch
         self.n_seq = n_seq
@@ -74,7 +76,7 @@ class Runtime:
         return cls(GGUFFile(resolve_model(model)), **kw)
 
     # -- forward passes ----------------------------------------------------------------------------------------
-    def check_fits(self, n_prompt: int, max_tokens: int = 0) -> None:
+    def check_fits(self, n_prompt: int) -> None:
         if n_prompt == 0:
             raise ContextLengthError("the prompt is empty")
         if n_prompt > self.n_ctx:
