@@ -208,6 +208,25 @@ def create_app(model: str, device: str = "auto", n_parallel: int = 4, n_ctx: int
     def sse(obj) -> str:
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
+    def stream(mc: MultiChoice, body, cid: str, created: int, object_type: str, head: list[dict], choice_of):
+        """Server-sent events: the head choices, one chunk per delta, the usage chunk if asked, then [DONE]."""
+        def frame(choices, **extra) -> str:
+            return sse({"id": cid, "object": object_type, "created": created, "model": state.model_id,
+                        "choices": choices, **extra})
+
+        async def events():
+            try:
+                for c in head:
+                    yield frame([c])
+                async for d in mc.deltas():
+                    yield frame([choice_of(d)])
+                if (body.stream_options or {}).get("include_usage"):
+                    yield frame([], usage=usage(mc))
+                yield "data: [DONE]\n\n"
+            except GenerationError as e:
+                yield sse(APIError(500, str(e)).body())
+        return StreamingResponse(events(), media_type="text/event-stream")
+
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         rt, sched = ready()
@@ -230,23 +249,9 @@ def create_app(model: str, device: str = "auto", n_parallel: int = 4, n_ctx: int
             return c
 
         if body.stream:
-            async def events():
-                try:
-                    if echo:
-                        for i in range(body.n):
-                            yield sse({"id": cid, "object": "text_completion", "created": created,
-                                       "model": state.model_id, "choices": [chunk(i, echo, [], None, False)]})
-                    async for d in mc.deltas():
-                        yield sse({"id": cid, "object": "text_completion", "created": created,
-                                   "model": state.model_id,
-                                   "choices": [chunk(d.index, d.text, d.tokens, d.finish_reason, True)]})
-                    if (body.stream_options or {}).get("include_usage"):
-                        yield sse({"id": cid, "object": "text_completion", "created": created,
-                                   "model": state.model_id, "choices": [], "usage": usage(mc)})
-                    yield "data: [DONE]\n\n"
-                except GenerationError as e:
-                    yield sse(APIError(500, str(e)).body())
-            return StreamingResponse(events(), media_type="text/event-stream")
+            head = [chunk(i, echo, [], None, False) for i in range(body.n)] if echo else []
+            return stream(mc, body, cid, created, "text_completion", head,
+                          lambda d: chunk(d.index, d.text, d.tokens, d.finish_reason, True))
 
         result = await collect(mc, request, body.n)
         if result is None:
@@ -274,26 +279,14 @@ def create_app(model: str, device: str = "auto", n_parallel: int = 4, n_ctx: int
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
         if body.stream:
-            async def events():
-                try:
-                    for i in range(body.n):
-                        yield sse({"id": cid, "object": "chat.completion.chunk", "created": created,
-                                   "model": state.model_id, "choices": [
-                                       {"index": i, "delta": {"role": "assistant", "content": ""},
-                                        "logprobs": None, "finish_reason": None}]})
-                    async for d in mc.deltas():
-                        delta = {"content": d.text} if d.text or not d.finish_reason else {}
-                        yield sse({"id": cid, "object": "chat.completion.chunk", "created": created,
-                                   "model": state.model_id, "choices": [
-                                       {"index": d.index, "delta": delta, "finish_reason": d.finish_reason,
-                                        "logprobs": chat_logprobs(rt, d.tokens) if body.logprobs else None}]})
-                    if (body.stream_options or {}).get("include_usage"):
-                        yield sse({"id": cid, "object": "chat.completion.chunk", "created": created,
-                                   "model": state.model_id, "choices": [], "usage": usage(mc)})
-                    yield "data: [DONE]\n\n"
-                except GenerationError as e:
-                    yield sse(APIError(500, str(e)).body())
-            return StreamingResponse(events(), media_type="text/event-stream")
+            head = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                     "finish_reason": None} for i in range(body.n)]
+
+            def choice_of(d):
+                return {"index": d.index, "delta": {"content": d.text} if d.text or not d.finish_reason else {},
+                        "finish_reason": d.finish_reason,
+                        "logprobs": chat_logprobs(rt, d.tokens) if body.logprobs else None}
+            return stream(mc, body, cid, created, "chat.completion.chunk", head, choice_of)
 
         result = await collect(mc, request, body.n)
         if result is None:

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from conftest import DATA, GOLDEN, MODEL_KEYS, read_golden, read_prompts
+from conftest import DATA, GOLDEN, read_golden, read_prompts
 from engine.logprobs import compare, read_lp, top_k_logprobs
 from engine.runtime import Runtime
 from engine.sampling import SamplingParams

@@ -1,6 +1,5 @@
 """The OpenAI-compatible server: a real uvicorn process on loopback, driven by the openai client and raw HTTP."""
 import json
-import os
 import socket
 import subprocess
 import sys

@@ -39,6 +39,16 @@ class Batch:
         return cls.make(tokens, np.arange(start_pos, start_pos + n), np.full(n, seq_id), rows)
 
 
+class KVCache:
+    """Per layer k and v: [n_seq, n_ctx, n_head_kv, head_dim] arrays of the backend's array module."""
+
+    def __init__(self, xp, n_layer, n_seq, n_ctx, n_head_kv, head_dim, dtype):
+        shape = (n_seq, n_ctx, n_head_kv, head_dim)
+        self.k = [xp.zeros(shape, dtype) for _ in range(n_layer)]
+        self.v = [xp.zeros(shape, dtype) for _ in range(n_layer)]
+        self.n_ctx = n_ctx
+
+
 class Backend:
     """The interface; see backends/cpu.py for the reference semantics of each operation."""
     name = "abstract"

@@ -10,15 +10,7 @@ import numpy as np
 
 from ..gguf import TensorInfo
 from ..quants import dequantize
-from .base import Backend, Batch
-
-
-class CPUKVCache:
-    def __init__(self, n_layer, n_seq, n_ctx, n_head_kv, head_dim, dtype):
-        shape = (n_seq, n_ctx, n_head_kv, head_dim)
-        self.k = [np.zeros(shape, dtype) for _ in range(n_layer)]   # per layer: [n_seq, n_ctx, n_head_kv, head_dim]
-        self.v = [np.zeros(shape, dtype) for _ in range(n_layer)]
-        self.n_ctx = n_ctx
+from .base import Backend, Batch, KVCache
 
 
 class CPUBackend(Backend):
@@ -59,7 +51,7 @@ class CPUBackend(Backend):
         return out
 
     def kv_cache(self, n_layer, n_seq, n_ctx, n_head_kv, head_dim):
-        return CPUKVCache(n_layer, n_seq, n_ctx, n_head_kv, head_dim, self.dtype)
+        return KVCache(np, n_layer, n_seq, n_ctx, n_head_kv, head_dim, self.dtype)
 
     def attention(self, q, k, v, cache, layer, batch: Batch, scale, window):
         n, n_head, d = q.shape

@@ -12,15 +12,7 @@ from ..cuda.build import kernel
 from ..cuda.weights import GPUWeight, upload
 from ..gguf import TensorInfo
 from ..quants import dequantize
-from .base import Backend, Batch
-
-
-class CUDAKVCache:
-    def __init__(self, n_layer, n_seq, n_ctx, n_head_kv, head_dim, dtype):
-        shape = (n_seq, n_ctx, n_head_kv, head_dim)
-        self.k = [cp.zeros(shape, dtype) for _ in range(n_layer)]   # per layer: [n_seq, n_ctx, n_head_kv, head_dim]
-        self.v = [cp.zeros(shape, dtype) for _ in range(n_layer)]
-        self.n_ctx = n_ctx
+from .base import Backend, Batch, KVCache
 
 
 _swiglu = cp.ElementwiseKernel("float32 g, float32 u", "float32 y", "y = g / (1.0f + expf(-g)) * u", "engine_swiglu")
@@ -86,7 +78,7 @@ class CUDABackend(Backend):
         return x
 
     def kv_cache(self, n_layer, n_seq, n_ctx, n_head_kv, head_dim):
-        return CUDAKVCache(n_layer, n_seq, n_ctx, n_head_kv, head_dim, self.kv_dtype)
+        return KVCache(cp, n_layer, n_seq, n_ctx, n_head_kv, head_dim, self.kv_dtype)
 
     def attention(self, q, k, v, cache, layer, batch: Batch, scale, window):
         n, n_head, d = q.shape
