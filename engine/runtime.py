@@ -82,21 +82,22 @@ class Runtime:
         if n_prompt > self.n_ctx:
             raise ContextLengthError(f"the prompt has {n_prompt} tokens, more than the context of {self.n_ctx}")
 
-    def prefill(self, tokens: list[int], seq: int = 0, start: int = 0, all_logits: bool = False) -> np.ndarray:
+    def prefill(self, tokens: list[int], seq: int = 0, start: int = 0, all_logits: bool = False,
+                logits: bool = True) -> np.ndarray | None:
         """Run `tokens` (at positions start..) through the model in ubatches; logits of the last token, or of
-        every token -> [n_out, n_vocab] float32."""
+        every token -> [n_out, n_vocab] float32; None with logits=False (the tokens only fill the cache)."""
         self.check_fits(start + len(tokens))
         outs = []
         for a in range(0, len(tokens), self.n_ubatch):
             chunk = tokens[a:a + self.n_ubatch]
             last = a + self.n_ubatch >= len(tokens)
-            if not (all_logits or last):
+            if not (all_logits or (last and logits)):
                 batch = Batch.make(chunk, np.arange(start + a, start + a + len(chunk)), np.full(len(chunk), seq), [])
                 self.model.forward(batch, self.cache)
                 continue
             batch = Batch.single(chunk, start + a, seq, all_logits=all_logits)
             outs.append(self.backend.to_numpy(self.model.forward(batch, self.cache)))
-        return np.concatenate(outs, axis=0)
+        return np.concatenate(outs, axis=0) if outs else None
 
     def decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> np.ndarray:
         """One decode step for several sequences, one new token each -> logits [len(seqs), n_vocab]."""

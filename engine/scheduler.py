@@ -4,8 +4,9 @@
     sid = sched.submit(Request(prompt_ids, params, max_tokens=64), on_event)
     while sched.step(): ...                          # or sched.run_in_thread()
 
-A step: admit one waiting request into a free KV slot (prefill in ubatches, sample its first token), then one
-decode step for every running sequence. Requests beyond the free slots wait in a FIFO queue. on_event receives a
+A step: one ubatch of prefill for the sequence being admitted (a waiting request takes a free KV slot when none
+is; its first token is sampled when its prompt is in), then one decode step for every running sequence, so a long
+prompt delays the others by one ubatch per step, not by its whole prefill. Requests beyond the free slots wait in a FIFO queue. on_event receives a
 TokenEvent per generated token and one FinishEvent, from the scheduler's thread.
 """
 from __future__ import annotations
@@ -58,6 +59,7 @@ class _Seq:
     history: list[int] = field(default_factory=list)
     generated: int = 0
     last: int = -1
+    prefilled: int = 0                 # prompt tokens already in the KV cache
 
 
 @dataclass
@@ -76,6 +78,7 @@ class Scheduler:
         self.free_slots = list(range(runtime.n_seq))
         self.waiting: deque[_Seq] = deque()
         self.running: list[_Seq] = []
+        self.prefilling: _Seq | None = None
         self.cancelled: set[int] = set()
         self.stats = Stats()
         self._ids = itertools.count(1)
@@ -110,13 +113,13 @@ class Scheduler:
 
     # -- the step --------------------------------------------------------------------------------------------
     def step(self) -> bool:
-        """Admit, then decode. False when there was nothing to do."""
+        """Prefill one ubatch, then decode. False when there was nothing to do."""
         self._drop_cancelled()
-        admitted = self._admit_one()
+        prefilled = self._prefill_step()
         if self.running:
             self._decode()
             return True
-        return admitted
+        return prefilled
 
     def _drop_cancelled(self) -> None:
         with self._lock:
@@ -125,26 +128,39 @@ class Scheduler:
             gone, self.cancelled = self.cancelled, set()
             dropped = [s for s in self.waiting if s.id in gone]
             self.waiting = deque(s for s in self.waiting if s.id not in gone)
+        if self.prefilling is not None and self.prefilling.id in gone:
+            dropped.append(self.prefilling)
+            self.prefilling = None
         for s in dropped + [s for s in self.running if s.id in gone]:
             self._finish(s, "cancelled")
 
-    def _admit_one(self) -> bool:
-        with self._lock:
-            if not self.waiting or not self.free_slots:
-                return False
-            seq = self.waiting.popleft()
-            seq.slot = self.free_slots.pop()
-        try:
-            seq.sampler = Sampler(seq.req.params)
+    def _prefill_step(self) -> bool:
+        if self.prefilling is None:
+            with self._lock:
+                if not self.waiting or not self.free_slots:
+                    return False
+                seq = self.waiting.popleft()
+                seq.slot = self.free_slots.pop()
             seq.history = list(seq.req.prompt)
-            logits = self.rt.prefill(seq.req.prompt, seq=seq.slot)[-1]
+            self.prefilling = seq
+        seq = self.prefilling
+        prompt = seq.req.prompt
+        chunk = prompt[seq.prefilled:seq.prefilled + self.rt.n_ubatch]
+        done = seq.prefilled + len(chunk) == len(prompt)
+        try:
+            seq.sampler = seq.sampler or Sampler(seq.req.params)
+            logits = self.rt.prefill(chunk, seq=seq.slot, start=seq.prefilled, logits=done)
         except Exception as e:   # a request that cannot run must not stop the others
+            self.prefilling = None
             self._finish(seq, "error", str(e))
             return True
-        seq.pos = len(seq.req.prompt)
-        self.stats.prompt_tokens_total += seq.pos
-        self.running.append(seq)
-        self._emit(seq, logits)
+        seq.prefilled += len(chunk)
+        if done:
+            self.prefilling = None
+            seq.pos = len(prompt)
+            self.stats.prompt_tokens_total += seq.pos
+            self.running.append(seq)
+            self._emit(seq, logits[-1])
         return True
 
     def _decode(self) -> None:
@@ -205,7 +221,7 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while not self._stop and not self.waiting and not self.running and not self.cancelled:
+                while not (self._stop or self.waiting or self.running or self.cancelled or self.prefilling):
                     self._wake.wait()
                 if self._stop:
                     return

@@ -1,0 +1,69 @@
+"""The scheduler on a tiny model: continuous batching, chunked prefill, queueing, cancellation."""
+import numpy as np
+import pytest
+
+from engine.runtime import Runtime
+from engine.sampling import SamplingParams
+from engine.scheduler import FinishEvent, Request, Scheduler, TokenEvent
+from tiny_models import N_VOCAB, write_tiny
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return write_tiny(tmp_path_factory.mktemp("sched") / "llama.gguf", "llama")
+
+
+def collect(events):
+    return lambda ev: events.append(ev)
+
+
+def test_batched_results_equal_single_runs(model):
+    rng = np.random.default_rng()
+    prompts = [rng.integers(0, N_VOCAB, n).tolist() for n in (5, 23, 9)]
+    single = []
+    for p in prompts:
+        rt = Runtime.load(model, device="cpu", n_ctx=64)
+        single.append(list(rt.generate(p, SamplingParams(temperature=0), 6, ignore_eos=True)))
+    sched = Scheduler(Runtime.load(model, device="cpu", n_ctx=64, n_seq=3, n_ubatch=8))
+    events = [[] for _ in prompts]
+    for p, ev in zip(prompts, events):
+        sched.submit(Request(p, SamplingParams(temperature=0), 6, ignore_eos=True), collect(ev))
+    while sched.step():
+        pass
+    for ev, ref in zip(events, single):
+        assert [e.token for e in ev if isinstance(e, TokenEvent)] == ref
+        assert isinstance(ev[-1], FinishEvent) and ev[-1].reason == "length" and ev[-1].completion_tokens == 6
+
+
+def test_long_prompt_prefills_one_ubatch_per_step(model):
+    rng = np.random.default_rng()
+    sched = Scheduler(Runtime.load(model, device="cpu", n_ctx=64, n_seq=2, n_ubatch=4))
+    short, long_ = [], []
+    sched.submit(Request(rng.integers(0, N_VOCAB, 3).tolist(), max_tokens=20, ignore_eos=True), collect(short))
+    sched.step()                                    # the short prompt is in: its first token, then one decode
+    sched.submit(Request(rng.integers(0, N_VOCAB, 17).tolist(), max_tokens=2, ignore_eos=True), collect(long_))
+    for _ in range(4):                              # 17 tokens = 5 ubatches of 4: still prefilling after 4 steps
+        sched.step()
+    assert not long_ and sched.prefilling is not None
+    assert len([e for e in short if isinstance(e, TokenEvent)]) == 6   # 2 + one per step: it kept decoding
+    sched.step()                                    # the last ubatch: first token, then a decode with the others
+    assert [type(e) for e in long_] == [TokenEvent, TokenEvent, FinishEvent] and sched.prefilling is None
+
+
+def test_queue_and_cancel(model):
+    rng = np.random.default_rng()
+    sched = Scheduler(Runtime.load(model, device="cpu", n_ctx=64, n_seq=1, n_ubatch=8))
+    a, b, c = [], [], []
+    ida = sched.submit(Request(rng.integers(0, N_VOCAB, 4).tolist(), max_tokens=50, ignore_eos=True), collect(a))
+    sched.submit(Request(rng.integers(0, N_VOCAB, 4).tolist(), max_tokens=3, ignore_eos=True), collect(b))
+    idc = sched.submit(Request(rng.integers(0, N_VOCAB, 4).tolist(), max_tokens=3, ignore_eos=True), collect(c))
+    for _ in range(3):
+        sched.step()
+    assert sched.queue_length == 2 and not b and not c    # one KV slot: the others wait, in order
+    sched.cancel(ida)
+    sched.cancel(idc)
+    while sched.step():
+        pass
+    assert a[-1].reason == "cancelled" and c == [FinishEvent("cancelled", 4, 0)]
+    assert b[-1].reason == "length" and len(b) == 4
+    assert sched.free_slots == [0] and not sched.running and sched.queue_length == 0
