@@ -135,7 +135,7 @@ def cmd_serve(args) -> int:
     if args.parallel < 1:
         return _fail("--parallel must be >= 1")
     app = create_app(model, device=args.device, n_parallel=args.parallel, n_ctx=args.ctx, api_key=args.api_key,
-                     model_id=args.model if args.model in hub.MODELS else None)
+                     model_id=args.model if args.model in hub.MODELS else None, n_ubatch=args.ubatch)
     print(f"engine: serving {args.model} on http://{args.host}:{args.port} ({args.parallel} parallel sequences)",
           file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
@@ -214,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8080)
     s.add_argument("--parallel", type=int, default=4, help="sequences decoded together (KV slots)")
     s.add_argument("--ctx", type=int, default=None, help="context length of each sequence")
+    s.add_argument("--ubatch", type=int, default=512, help="prompt tokens prefilled per scheduler step")
     s.add_argument("--api-key", default=None)
     s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
     s.add_argument("--log-level", default="warning")

@@ -32,13 +32,13 @@ class ServerState:
 
 
 def create_app(model: str, device: str = "auto", n_parallel: int = 4, n_ctx: int | None = None,
-               api_key: str | None = None, model_id: str | None = None) -> FastAPI:
+               api_key: str | None = None, model_id: str | None = None, n_ubatch: int = 512) -> FastAPI:
     state = ServerState()
     state.model_id = model_id or Path(model).name
 
     def load():
         try:
-            rt = Runtime.load(model, device=device, n_ctx=n_ctx, n_seq=n_parallel)
+            rt = Runtime.load(model, device=device, n_ctx=n_ctx, n_seq=n_parallel, n_ubatch=n_ubatch)
             sched = Scheduler(rt)
             sched.run_in_thread()
             state.runtime, state.sched = rt, sched

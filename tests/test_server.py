@@ -22,7 +22,7 @@ def free_port() -> int:
 def start_server(*extra) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "smollm2-135m", "--port", str(port),
-                             "--device", "cpu", "--ctx", "256", *extra],
+                             "--device", "cpu", "--ctx", "256", "--ubatch", "64", *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
