@@ -88,7 +88,7 @@ def cmd_generate(args) -> int:
     # `engine generate "prompt"` (default model) or `engine generate MODEL "prompt"`
     model, prompt = (args.args[0], args.args[1]) if len(args.args) == 2 else (None, args.args[0])
     t0 = time.perf_counter()
-    rt = Runtime.load(model, device=args.device, n_ctx=args.ctx, n_ubatch=args.ubatch)
+    rt = Runtime.load(model, device=args.device, n_ctx=args.ctx, n_ubatch=args.ubatch, kv_f32=args.kv_f32)
     load_s = time.perf_counter() - t0
     tok = rt.tokenizer
     if args.chat:
@@ -135,7 +135,8 @@ def cmd_serve(args) -> int:
     if args.parallel < 1:
         return _fail("--parallel must be >= 1")
     app = create_app(model, device=args.device, n_parallel=args.parallel, n_ctx=args.ctx, api_key=args.api_key,
-                     model_id=args.model if args.model in hub.MODELS else None, n_ubatch=args.ubatch)
+                     model_id=args.model if args.model in hub.MODELS else None, n_ubatch=args.ubatch,
+                     kv_f32=args.kv_f32)
     print(f"engine: serving {args.model} on http://{args.host}:{args.port} ({args.parallel} parallel sequences)",
           file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
@@ -159,7 +160,7 @@ def cmd_bench(args) -> int:
     from .runtime import Runtime
 
     n_ctx = max(args.p, args.n) + 16
-    rt = Runtime.load(args.model, device=args.device, n_ctx=n_ctx, n_ubatch=args.ubatch)
+    rt = Runtime.load(args.model, device=args.device, n_ctx=n_ctx, n_ubatch=args.ubatch, kv_f32=args.kv_f32)
     rows = run_bench(rt, args.p, args.n, args.r)
     print(format_table(Path(rt.gguf.path).name, rt.backend.name, rows, args.ubatch))
     return 0
@@ -196,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ctx", type=int, default=None)
     s.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
+    s.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
     s.add_argument("--json", action="store_true", help="print one JSON object at the end")
     s.set_defaults(func=cmd_generate)
 
@@ -206,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-r", type=int, default=5, help="repetitions")
     s.add_argument("--ubatch", type=int, default=512)
     s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
+    s.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
     s.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
@@ -215,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--parallel", type=int, default=4, help="sequences decoded together (KV slots)")
     s.add_argument("--ctx", type=int, default=None, help="context length of each sequence")
     s.add_argument("--ubatch", type=int, default=512, help="prompt tokens prefilled per scheduler step")
+    s.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
     s.add_argument("--api-key", default=None)
     s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
     s.add_argument("--log-level", default="warning")

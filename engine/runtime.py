@@ -56,10 +56,10 @@ class Generation:
 
 class Runtime:
     def __init__(self, gguf: GGUFFile, device: str = "auto", n_ctx: int | None = None,
-                 n_ubatch: int = DEFAULT_UBATCH, exact: bool = False, n_seq: int = 1):
+                 n_ubatch: int = DEFAULT_UBATCH, exact: bool = False, n_seq: int = 1, kv_f32: bool = False):
         self.gguf = gguf
         self.tokenizer = Tokenizer(gguf)
-        self.backend = get_backend(device, exact)
+        self.backend = get_backend(device, exact, kv_f32)
         self.model = load_model(gguf, self.backend)
         self.config = self.model.cfg
         if n_ubatch < 1:

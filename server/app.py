@@ -32,13 +32,14 @@ class ServerState:
 
 
 def create_app(model: str, device: str = "auto", n_parallel: int = 4, n_ctx: int | None = None,
-               api_key: str | None = None, model_id: str | None = None, n_ubatch: int = 512) -> FastAPI:
+               api_key: str | None = None, model_id: str | None = None, n_ubatch: int = 512,
+               kv_f32: bool = False) -> FastAPI:
     state = ServerState()
     state.model_id = model_id or Path(model).name
 
     def load():
         try:
-            rt = Runtime.load(model, device=device, n_ctx=n_ctx, n_seq=n_parallel, n_ubatch=n_ubatch)
+            rt = Runtime.load(model, device=device, n_ctx=n_ctx, n_seq=n_parallel, n_ubatch=n_ubatch, kv_f32=kv_f32)
             sched = Scheduler(rt)
             sched.run_in_thread()
             state.runtime, state.sched = rt, sched

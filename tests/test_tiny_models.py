@@ -43,13 +43,7 @@ def test_cpu_float32_matches_float64(tiny, arch):
 
 
 def load_cuda(path, kv_f32):
-    from engine.backends.cuda import CUDABackend
-    rt = Runtime.load(path, device="cuda", n_ctx=64, n_ubatch=32)
-    if kv_f32:   # the same model with an f32 KV cache
-        rt.backend = CUDABackend(kv_f32=True)
-        rt.model.B = rt.backend
-        rt.cache = rt.model.new_cache(1, 64)
-    return rt
+    return Runtime.load(path, device="cuda", n_ctx=64, n_ubatch=32, kv_f32=kv_f32)
 
 
 @pytest.mark.gpu
