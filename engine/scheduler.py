@@ -60,6 +60,7 @@ class _Seq:
     generated: int = 0
     last: int = -1
     prefilled: int = 0                 # prompt tokens already in the KV cache
+    prompt_logits: np.ndarray | None = None   # [n_vocab] logits after the prompt, kept for sharing the prefill
 
 
 @dataclass
@@ -67,6 +68,7 @@ class Stats:
     requests_total: int = 0
     requests_finished: int = 0
     prompt_tokens_total: int = 0
+    prompt_tokens_shared: int = 0      # prompt tokens copied from a running sequence's cache instead of prefilled
     generated_tokens_total: int = 0
     decode_steps: int = 0
     tokens_per_second: float = 0.0     # generated tokens per second over the last decode steps
@@ -142,6 +144,8 @@ class Scheduler:
                 seq = self.waiting.popleft()
                 seq.slot = self.free_slots.pop()
             seq.history = list(seq.req.prompt)
+            if self._share_prefill(seq):
+                return True
             self.prefilling = seq
         seq = self.prefilling
         prompt = seq.req.prompt
@@ -158,9 +162,26 @@ class Scheduler:
         if done:
             self.prefilling = None
             seq.pos = len(prompt)
+            seq.prompt_logits = logits[-1]
             self.stats.prompt_tokens_total += seq.pos
             self.running.append(seq)
             self._emit(seq, logits[-1])
+        return True
+
+    def _share_prefill(self, seq: _Seq) -> bool:
+        """A running sequence with the same prompt (the n choices of one request) lends its prompt's KV cache and
+        logits: copy them instead of prefilling again."""
+        prompt = seq.req.prompt
+        donor = next((s for s in self.running if s.prompt_logits is not None and s.req.prompt == prompt), None)
+        if donor is None:
+            return False
+        self.rt.cache.copy_prefix(donor.slot, seq.slot, len(prompt))
+        seq.sampler = Sampler(seq.req.params)
+        seq.prefilled = seq.pos = len(prompt)
+        seq.prompt_logits = donor.prompt_logits
+        self.stats.prompt_tokens_shared += len(prompt)
+        self.running.append(seq)
+        self._emit(seq, seq.prompt_logits)
         return True
 
     def _decode(self) -> None:

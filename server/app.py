@@ -117,6 +117,7 @@ def create_app(model: str, device: str = "auto", n_parallel: int = 4, n_ctx: int
             ("engine_requests_running", "gauge", len(s.running) if s else 0),
             ("engine_requests_waiting", "gauge", s.queue_length if s else 0),
             ("engine_prompt_tokens_total", "counter", st.prompt_tokens_total if st else 0),
+            ("engine_prompt_tokens_shared_total", "counter", st.prompt_tokens_shared if st else 0),
             ("engine_generated_tokens_total", "counter", st.generated_tokens_total if st else 0),
             ("engine_generated_tokens_per_second", "gauge", round(st.tokens_per_second, 3) if st else 0),
             ("engine_kv_slots_free", "gauge", len(s.free_slots) if s else 0),

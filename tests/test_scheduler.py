@@ -67,3 +67,19 @@ def test_queue_and_cancel(model):
     assert a[-1].reason == "cancelled" and c == [FinishEvent("cancelled", 4, 0)]
     assert b[-1].reason == "length" and len(b) == 4
     assert sched.free_slots == [0] and not sched.running and sched.queue_length == 0
+
+
+def test_same_prompt_shares_the_prefill(model):
+    rng = np.random.default_rng()
+    prompt = rng.integers(0, N_VOCAB, 13).tolist()
+    ref = list(Runtime.load(model, device="cpu", n_ctx=64).generate(prompt, SamplingParams(temperature=0), 5,
+                                                                    ignore_eos=True))
+    sched = Scheduler(Runtime.load(model, device="cpu", n_ctx=64, n_seq=3, n_ubatch=8))
+    events = [[], [], []]
+    for ev in events:
+        sched.submit(Request(prompt, SamplingParams(temperature=0), 5, ignore_eos=True), collect(ev))
+    while sched.step():
+        pass
+    for ev in events:
+        assert [e.token for e in ev if isinstance(e, TokenEvent)] == ref
+    assert sched.stats.prompt_tokens_total == 13 and sched.stats.prompt_tokens_shared == 26

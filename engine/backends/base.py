@@ -48,6 +48,12 @@ class KVCache:
         self.v = [xp.zeros(shape, dtype) for _ in range(n_layer)]
         self.n_ctx = n_ctx
 
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Give slot dst the first n positions of slot src (a prompt prefilled once, shared)."""
+        for k, v in zip(self.k, self.v):
+            k[dst, :n] = k[src, :n]
+            v[dst, :n] = v[src, :n]
+
 
 class Backend:
     """The interface; see backends/cpu.py for the reference semantics of each operation."""
