@@ -224,7 +224,7 @@ class Scheduler:
         if seq.generated >= req.max_tokens or seq.pos >= self.rt.n_ctx:
             self._finish(seq, "length")
 
-    def _finish(self, seq: _Seq, reason: str, error: str | None = None) -> bool:
+    def _finish(self, seq: _Seq, reason: str, error: str | None = None) -> None:
         if seq in self.running:
             self.running.remove(seq)
         if seq.slot >= 0:
@@ -232,7 +232,6 @@ class Scheduler:
             seq.slot = -1
         self.stats.requests_finished += 1
         seq.on_event(FinishEvent(reason, len(seq.req.prompt), seq.generated, error))
-        return True
 
     # -- the loop --------------------------------------------------------------------------------------------
     def run_in_thread(self) -> None:

@@ -291,7 +291,7 @@ class Tokenizer:
             return text.encode("utf-8")
         if self.model == "gpt2":
             u2b = self._u2b
-            return bytes(u2b[c] for c in text if c in u2b) if all(c in u2b for c in text) else text.encode("utf-8")
+            return bytes(u2b[c] for c in text) if all(c in u2b for c in text) else text.encode("utf-8")
         if ttype == BYTE:
             return bytes([int(text[3:5], 16)])
         return text.replace("\u2581", " ").encode("utf-8")
