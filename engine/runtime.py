@@ -93,17 +93,17 @@ class Runtime:
             last = a + self.n_ubatch >= len(tokens)
             if not (all_logits or (last and logits)):
                 batch = Batch.make(chunk, np.arange(start + a, start + a + len(chunk)), np.full(len(chunk), seq), [])
-                self.model.forward(batch, self.cache)
+                self.backend.forward(self.model, batch, self.cache)
                 continue
             batch = Batch.single(chunk, start + a, seq, all_logits=all_logits)
-            outs.append(self.backend.to_numpy(self.model.forward(batch, self.cache)))
+            outs.append(self.backend.to_numpy(self.backend.forward(self.model, batch, self.cache)))
         return np.concatenate(outs, axis=0) if outs else None
 
     def decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> np.ndarray:
         """One decode step for several sequences, one new token each -> logits [len(seqs), n_vocab]."""
         n = len(tokens)
         batch = Batch.make(tokens, positions, seqs, np.arange(n))
-        return self.backend.to_numpy(self.model.forward(batch, self.cache))
+        return self.backend.to_numpy(self.backend.forward(self.model, batch, self.cache))
 
     # -- generation --------------------------------------------------------------------------------------------
     def is_end_of_generation(self, tid: int) -> bool:

@@ -112,3 +112,25 @@ def test_mul_mat_float(t):
         y = mul_mat(w, cp.asarray(x), out=out).get()
         assert np.isfinite(y).all()
         assert nmse(y, ref) <= 1e-6, (n, nmse(y, ref))
+
+
+@pytest.mark.parametrize("t", QTYPES, ids=lambda t: t.name)
+def test_mmvq_multi_and_glu(t):
+    """Three matrices in one MMVQ launch (q, k, v: different row counts), and the fused gate/up GLU, against numpy."""
+    import cupy as cp
+    from engine.cuda import dispatch
+    rng = np.random.default_rng()
+    m, k = shapes(t)[0]
+    (wq, rq), (wk, rk), (wv, rv) = (random_weight(t, rows, k, rng) for rows in (m, m // 2 + 3, 37))
+    (wg, rg), (wu, ru) = (random_weight(t, m, k, rng) for _ in range(2))
+    for n in (1, 2, 3, 8):
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        _, xq = q8_1_ref(x)
+        outs = dispatch.mul_mats([wq, wk, wv], cp.asarray(x))
+        for out, ref in zip(outs, (xq @ rq.T, xq @ rk.T, xq @ rv.T)):
+            assert out.shape == ref.shape and nmse(out.get(), ref) <= 1e-8, (t.name, n)
+        g, u = xq @ rg.T, xq @ ru.T
+        for act, ref in (("silu", g / (1 + np.exp(-g)) * u),
+                         ("gelu", 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3))) * u)):
+            y = dispatch.glu(wg, wu, cp.asarray(x), act).get()
+            assert nmse(y, ref) <= 1e-8, (t.name, n, act, nmse(y, ref))

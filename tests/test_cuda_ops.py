@@ -29,6 +29,20 @@ def test_rms_norm(backends):
         assert nmse(y, cpu.rms_norm(x, w, 1e-6)) < 1e-12
 
 
+@pytest.mark.parametrize("post_norm", [False, True])
+def test_add_rms_norm(backends, post_norm):
+    import cupy as cp
+    cpu, gpu, _ = backends
+    rng = np.random.default_rng()
+    for shape in [(7, 640), (1, 576), (3, 2304)]:
+        x, r = (rng.standard_normal(shape).astype(np.float32) * 3 for _ in range(2))
+        w, wr = (rng.standard_normal(shape[-1]).astype(np.float32) for _ in range(2))
+        ref_s, ref_y = cpu.add_rms_norm(x, r, w, 1e-6, r_norm=wr if post_norm else None)
+        s, y = gpu.add_rms_norm(cp.asarray(x), cp.asarray(r), cp.asarray(w), 1e-6,
+                                r_norm=cp.asarray(wr) if post_norm else None)
+        assert nmse(s.get(), ref_s) < 1e-12 and nmse(y.get(), ref_y) < 1e-12
+
+
 @pytest.mark.parametrize("neox", [False, True])
 def test_rope(backends, neox):
     import cupy as cp
@@ -41,22 +55,31 @@ def test_rope(backends, neox):
         np.testing.assert_allclose(y, cpu.rope(x, pos, n_rot, 10000.0, neox), rtol=1e-5, atol=1e-5)
 
 
+# (mixed) two sequences in slots 1 and 0: a 6-token prefill continuing at position 3 and a one-token decode at 10,
+# few queries: the split-over-keys kernel; (prefill) 100 tokens of slot 0 from position 20: the tiled prefill
+# kernel; (two) 60 tokens of each of two slots: one warp per query
+ATTENTION_BATCHES = {"mixed": ([1] * 6 + [0], list(range(3, 9)) + [10]),
+                     "prefill": ([0] * 100, list(range(20, 120))),
+                     "two": ([1] * 60 + [0] * 60, list(range(60)) + list(range(5, 65)))}
+
+
 @pytest.mark.parametrize("window", [None, 5])
-def test_attention(backends, window):
+@pytest.mark.parametrize("kind", ATTENTION_BATCHES)
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_attention(backends, window, kind, d):
     import cupy as cp
     cpu, gpu16, gpu32 = backends
     rng = np.random.default_rng()
-    n_head, n_kv, d, n_ctx = 8, 2, 64, 32
-    # two sequences in slots 1 and 0: a 6-token prefill continuing at position 3, and a one-token decode at 10
-    seq_ids = [1] * 6 + [0]
-    positions = list(range(3, 9)) + [10]
-    batch = Batch.make(np.zeros(7), positions, seq_ids, np.arange(7))
+    n_head, n_kv, n_ctx = 8, 2, 128
+    seq_ids, positions = ATTENTION_BATCHES[kind]
+    n = len(seq_ids)
+    batch = Batch.make(np.zeros(n), positions, seq_ids, np.arange(n))
     ccache = cpu.kv_cache(1, 2, n_ctx, n_kv, d)
     history = rng.standard_normal((2, 2, n_ctx, n_kv, d)).astype(np.float32)  # what earlier steps stored
     ccache.k[0][:], ccache.v[0][:] = history[0], history[1]
-    q = rng.standard_normal((7, n_head, d)).astype(np.float32)
-    k = rng.standard_normal((7, n_kv, d)).astype(np.float32)
-    v = rng.standard_normal((7, n_kv, d)).astype(np.float32)
+    q = rng.standard_normal((n, n_head, d)).astype(np.float32)
+    k = rng.standard_normal((n, n_kv, d)).astype(np.float32)
+    v = rng.standard_normal((n, n_kv, d)).astype(np.float32)
     ref = cpu.attention(q, k, v, ccache, 0, batch, 0.125, window)
     for gpu, bound in [(gpu32, 1e-10), (gpu16, 1e-5)]:
         gcache = gpu.kv_cache(1, 2, n_ctx, n_kv, d)

@@ -15,9 +15,10 @@ _cache = {}
 
 
 def representable(tok: Tokenizer, text: str) -> bool:
-    """Whether every byte of the text has a token (SmolLM2's BPE vocabulary lacks a few byte tokens, e.g. 0xF1)."""
+    """Whether every byte of the text has a token (SmolLM2's BPE vocabulary lacks a few byte tokens, e.g. 0xF1), and
+    (SPM) the text has no U+2581, the symbol SPM writes spaces as: it decodes to a space, in llama.cpp too."""
     if tok.model != "gpt2":
-        return True
+        return "\u2581" not in text
     return all(tok._b2u[b] in tok.token_to_id for b in text.encode("utf-8"))
 
 

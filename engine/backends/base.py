@@ -71,9 +71,26 @@ class Backend:
         """x: [n, k] times the weight w: [m, k] -> [n, m]."""
         raise NotImplementedError
 
+    def mul_mats(self, ws, x) -> list:
+        """[mul_mat(w, x) for w in ws] (q, k, v from one input: a backend may launch them together)."""
+        return [self.mul_mat(w, x) for w in ws]
+
+    def glu(self, gate, up, x, act: str):
+        """The gated FFN's first half: act(x gate^T) * (x up^T), act "silu" (SwiGLU) or "gelu" (GeGLU, tanh)."""
+        g, u = self.mul_mat(gate, x), self.mul_mat(up, x)
+        return self.swiglu(g, u) if act == "silu" else self.geglu(g, u)
+
     def rms_norm(self, x, w, eps: float):
         """RMS norm over the last axis, times w."""
         raise NotImplementedError
+
+    def add_rms_norm(self, x, r, w, eps: float, r_norm=None):
+        """The residual add and the norm after it: s = x + r (r first RMS-normed with weight r_norm when given);
+        -> (s, rms_norm(s) * w)."""
+        if r_norm is not None:
+            r = self.rms_norm(r, r_norm, eps)
+        s = self.add(x, r)
+        return s, self.rms_norm(s, w, eps)
 
     def rope(self, x, positions: np.ndarray, n_rot: int, base: float, neox: bool):
         """x: [n, heads, head_dim] rotated by position; adjacent pairs, or halves (neox)."""
@@ -103,6 +120,11 @@ class Backend:
     def rows(self, x, idx: np.ndarray):
         """x[idx]."""
         raise NotImplementedError
+
+    def forward(self, model, batch: Batch, cache):
+        """One forward pass of the model: -> logits [n_out, n_vocab] (None when no rows are asked for).
+        The CUDA backend replays decode steps as CUDA graphs here."""
+        return model.forward(batch, cache)
 
     def to_numpy(self, x) -> np.ndarray:
         """float32 numpy copy of a backend array (logits)."""

@@ -1,6 +1,8 @@
 """The CUDA backend: weights stay in their GGUF blocks on the GPU, every operation runs on the device.
 
-mul_mat goes through engine/cuda/dispatch.py; the KV cache is f16 (f32 with kv_f32=True); activations are f32.
+mul_mat goes through engine/cuda/dispatch.py; the KV cache is f16 (f32 with kv_f32=True); activations are f32 and
+treated as immutable (an array's q8_1 quantization is reused by the next mul_mat of the same array). All work runs on
+one stream of the backend; decode steps are replayed as CUDA graphs (backends/cuda_graphs.py).
 """
 from __future__ import annotations
 
@@ -8,11 +10,12 @@ import cupy as cp
 import numpy as np
 
 from ..cuda import dispatch, launch
-from ..cuda.build import kernel
+from ..cuda.build import PREFILL_HEAD_DIMS, kernel
 from ..cuda.weights import GPUWeight, upload
 from ..gguf import TensorInfo
 from ..quants import dequantize
 from .base import Backend, Batch, KVCache
+from .cuda_graphs import DecodeGraphs, graphs_enabled
 
 
 _swiglu = cp.ElementwiseKernel("float32 g, float32 u", "float32 y", "y = g / (1.0f + expf(-g)) * u", "engine_swiglu")
@@ -21,19 +24,43 @@ _geglu = cp.ElementwiseKernel(
     "y = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u", "engine_geglu")
 
 
+def _one_run(batch: Batch) -> bool:
+    """One sequence at consecutive positions (what attention_prefill takes)."""
+    p = batch.positions
+    return len(batch.seq_ranges) == 1 and int(p[-1]) - int(p[0]) == len(p) - 1 and bool(np.all(np.diff(p) == 1))
+
+
 class CUDABackend(Backend):
     name = "cuda"
 
-    def __init__(self, kv_f32: bool = False):
+    def __init__(self, kv_f32: bool = False, graphs: bool | None = None):
         self.kv_dtype = cp.float32 if kv_f32 else cp.float16
+        self.stream = cp.cuda.Stream(non_blocking=False)     # orders with the legacy stream (copies, to_numpy)
+        self.n_sm = cp.cuda.Device().attributes["MultiProcessorCount"]
+        self.graphs = DecodeGraphs(self) if (graphs_enabled() if graphs is None else graphs) else None
         self._device_arrays: dict[int, tuple[np.ndarray, cp.ndarray]] = {}
+        self._bound: dict[int, tuple[np.ndarray, cp.ndarray]] = {}
+        self.acts = dispatch.Activations()     # q8_1 / f16 forms of the last activation multiplied
 
     def synchronize(self) -> None:
-        cp.cuda.get_current_stream().synchronize()
+        self.stream.synchronize()
+
+    def forward(self, model, batch: Batch, cache):
+        if self.graphs is not None and self.graphs.accepts(batch):
+            return self.graphs.run(model, batch, cache)
+        with self.stream:
+            return model.forward(batch, cache)
 
     # -- host arrays of the batch, copied once per forward --------------------------------------------------------
+    def bind(self, arr: np.ndarray, dev: cp.ndarray) -> None:
+        """Use the device array dev for the host array arr (a CUDA graph's input buffer) until unbind()."""
+        self._bound[id(arr)] = (arr, dev)
+
+    def unbind(self) -> None:
+        self._bound.clear()
+
     def _dev(self, arr: np.ndarray) -> cp.ndarray:
-        hit = self._device_arrays.get(id(arr))
+        hit = self._bound.get(id(arr)) or self._device_arrays.get(id(arr))
         if hit is not None and hit[0] is arr:
             return hit[1]
         if len(self._device_arrays) > 8:
@@ -56,7 +83,15 @@ class CUDABackend(Backend):
         return table.data[idx].astype(cp.float32)
 
     def mul_mat(self, w: GPUWeight, x):
-        return dispatch.mul_mat(w, cp.ascontiguousarray(x, dtype=cp.float32))
+        return dispatch.mul_mat(w, cp.ascontiguousarray(x, dtype=cp.float32), acts=self.acts)
+
+    def mul_mats(self, ws, x):
+        return dispatch.mul_mats(list(ws), cp.ascontiguousarray(x, dtype=cp.float32), acts=self.acts)
+
+    def glu(self, gate, up, x, act):
+        x = cp.ascontiguousarray(x, dtype=cp.float32)
+        y = dispatch.glu(gate, up, x, act, acts=self.acts)
+        return y if y is not None else super().glu(gate, up, x, act)
 
     def rms_norm(self, x, w, eps):
         x = cp.ascontiguousarray(x, dtype=cp.float32)
@@ -68,14 +103,27 @@ class CUDABackend(Backend):
         kernel("rms_norm", "rms_norm")((rows,), (256,), (x, w, y, np.int32(d), np.float32(eps)))
         return y
 
+    def add_rms_norm(self, x, r, w, eps, r_norm=None):
+        x = cp.ascontiguousarray(x, dtype=cp.float32)
+        r = cp.ascontiguousarray(r, dtype=cp.float32)
+        d = x.shape[-1]
+        s, y = cp.empty_like(x), cp.empty_like(x)
+        rows = x.size // d
+        if rows:
+            kernel("rms_norm", "add_rms_norm")((rows,), (256,), (x, r, r_norm if r_norm is not None else np.uint64(0),
+                                                                 w, s, y, np.int32(d), np.float32(eps)))
+        return s, y
+
     def rope(self, x, positions, n_rot, base, neox):
-        x = cp.array(x, dtype=cp.float32, copy=True, order="C")
+        x = cp.ascontiguousarray(x, dtype=cp.float32)
         n, heads, head_dim = x.shape
-        pairs = n * heads * (n_rot // 2)
-        kernel("rope", "rope")(((pairs + 255) // 256,), (256,),
-                               (x, self._dev(positions), np.int32(n), np.int32(heads), np.int32(head_dim),
-                                np.int32(n_rot), np.float64(base), np.int32(1 if neox else 0)))
-        return x
+        y = cp.empty_like(x)
+        pairs = n * (head_dim // 2)
+        if pairs:
+            kernel("rope", "rope")(((pairs + 255) // 256,), (256,),
+                                   (x, y, self._dev(positions), np.int32(n), np.int32(heads), np.int32(head_dim),
+                                    np.int32(n_rot), np.float64(base), np.int32(1 if neox else 0)))
+        return y
 
     def kv_cache(self, n_layer, n_seq, n_ctx, n_head_kv, head_dim):
         return KVCache(cp, n_layer, n_seq, n_ctx, n_head_kv, head_dim, self.kv_dtype)
@@ -93,12 +141,27 @@ class CUDABackend(Backend):
         kernel("attention", f"kv_store<{kt}>")(((n * row + 255) // 256,), (256,),
                                                 (k, v, cache.k[layer], cache.v[layer], seq_ids, positions,
                                                  np.int32(n), np.int32(cache.n_ctx), np.int32(row)))
-        out = cp.empty((n, n_head, d), cp.float32)
-        kernel("attention", f"attention<{kt}>")((n, n_head), (32,),
-                                                 (cp.ascontiguousarray(q, dtype=cp.float32), cache.k[layer],
-                                                  cache.v[layer], out, seq_ids, positions, np.int32(n_head),
-                                                  np.int32(n_kv), np.int32(d), np.int32(cache.n_ctx),
-                                                  np.float32(scale), np.int32(window or 0)))
+        out = cp.empty((n, n_head, d), cp.float32)                   # out: [n, n_head, head_dim]
+        q = cp.ascontiguousarray(q, dtype=cp.float32)
+        args = (cache.k[layer], cache.v[layer])
+        tail = (seq_ids, positions, np.int32(n_head), np.int32(n_kv), np.int32(d), np.int32(cache.n_ctx),
+                np.float32(scale), np.int32(window or 0))
+        n_split = min(32, 4 * self.n_sm // (n * n_head))           # few queries (decode): split over the keys
+        if n_split < 2 and d in PREFILL_HEAD_DIMS and _one_run(batch):  # a prefill ubatch: tiled
+            fn = kernel("attention", f"attention_prefill<{kt}, {d}>")
+            smem = (2 * 32 * (d + 1) + 32 * d + 32 * 33) * 4             # attention.cu prefill_smem_floats(d)
+            if fn.max_dynamic_shared_size_bytes < smem:
+                fn.max_dynamic_shared_size_bytes = smem
+            fn(((n + 31) // 32, n_head), (128,), (q, *args, out, seq_ids, positions, np.int32(n), np.int32(n_head),
+                                                    np.int32(n_kv), np.int32(cache.n_ctx), np.float32(scale),
+                                                    np.int32(window or 0)), shared_mem=smem)
+        elif n_split >= 2:
+            part = cp.empty((n, n_head, n_split, d + 2), cp.float32)  # per chunk: max, sum, output[head_dim]
+            kernel("attention", f"attention_split<{kt}>")((n, n_head, n_split), (32, 4), (q, *args, part, *tail))
+            kernel("attention", "attention_combine")((n, n_head), (32,),
+                                                     (part, out, np.int32(n_head), np.int32(d), np.int32(n_split)))
+        else:
+            kernel("attention", f"attention<{kt}>")((n, n_head), (32,), (q, *args, out, *tail))
         return out.reshape(n, n_head * d)
 
     def swiglu(self, gate, up):

@@ -14,6 +14,7 @@ FAMILIES = ("quantize", "dequantize", "mmvq", "mmvf", "mmq", "rms_norm", "rope",
 QTYPES = {"T_Q4_0": 2, "T_Q4_1": 3, "T_Q5_0": 6, "T_Q5_1": 7, "T_Q8_0": 8, "T_Q2_K": 10, "T_Q3_K": 11,
           "T_Q4_K": 12, "T_Q5_K": 13, "T_Q6_K": 14, "T_IQ4_NL": 20, "T_IQ4_XS": 23}
 NVRTC_OPTIONS = ("--std=c++17",)
+PREFILL_HEAD_DIMS = (64, 128, 256)     # kernels/attention.cu attention_prefill instantiations
 
 
 class KernelBuildError(RuntimeError):
@@ -35,15 +36,18 @@ def name_expressions(family: str) -> list[str]:
     if family == "dequantize":
         return [f"dequantize_{o}<{t}>" for t in qtypes for o in ("f16", "f32")]
     if family == "mmvq":
-        return [f"mmvq<{t}, {n}>" for t in qtypes for n in range(1, 9)]
+        return [f"mmvq<{t}, {n}, {g}>" for t in qtypes for n in range(1, 9) for g in range(3)]
     if family == "mmvf":
         return [f"mmvf<{w}, {n}>" for w in ("float", "u16") for n in range(1, 9)]
     if family == "mmq":
         return [f"mmq<{t}>" for t in qtypes]
-    if family in ("rms_norm", "rope"):
-        return [family]
+    if family == "rope":
+        return ["rope"]
+    if family == "rms_norm":
+        return ["rms_norm", "add_rms_norm"]
     if family == "attention":
-        return [f"{k}<{t}>" for k in ("kv_store", "attention") for t in ("u16", "float")]
+        return [f"{k}<{t}>" for k in ("kv_store", "attention", "attention_split") for t in ("u16", "float")] + [
+            "attention_combine"] + [f"attention_prefill<{t}, {d}>" for t in ("u16", "float") for d in PREFILL_HEAD_DIMS]
     raise KeyError(family)
 
 

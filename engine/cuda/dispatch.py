@@ -45,28 +45,87 @@ def choose_path(w: GPUWeight, n: int, arch: tuple[int, int] | None = None) -> st
     return "mmq" if mmq_min is not None and n >= mmq_min else "dequant"
 
 
-def mul_mat(w: GPUWeight, x, path: str | None = None, out=None):
-    """x: [n, k] f32 -> [n, m] f32."""
-    n = x.shape[0]
-    if n == 0:
+class Activations:
+    """Forms of the last activation array multiplied (q8_1 blocks, f16), reused while the next mul_mats take the
+    same array (q, k and v; gate and up). Arrays are treated as immutable."""
+
+    def __init__(self):
+        self.x, self.forms = None, {}
+
+    def _get(self, x, key, make):
+        if self.x is not x:
+            self.x, self.forms = x, {}
+        if key not in self.forms:
+            self.forms[key] = make()
+        return self.forms[key]
+
+    def q8_1(self, x, n_pad=None):
+        return self._get(x, ("q8_1", n_pad), lambda: launch.quantize_q8_1(x, n_pad))
+
+    def f16(self, x):
         import cupy
-        return cupy.empty((0, w.m), cupy.float32)
+        return self._get(x, "f16", lambda: x.astype(cupy.float16))
+
+    def clear(self):
+        self.x, self.forms = None, {}
+
+
+def resolve_path(w: GPUWeight, n: int, path: str | None = None) -> str:
+    """The path a mul_mat of n columns takes: forced (argument, ENGINE_MUL_MAT_PATH) or chosen."""
     path = path or os.environ.get("ENGINE_MUL_MAT_PATH") or choose_path(w, n)
     if path == "mmvq" and n > 8:
         raise ValueError("MMVQ takes at most 8 columns")
     if path in ("mmvq", "mmq") and not w.quantized:
         path = "mmvf" if n <= 8 else "cublas"
+    if path not in PATHS:
+        raise ValueError(f"unknown mul_mat path {path!r} (one of {', '.join(PATHS)})")
+    return path
+
+
+def mul_mat(w: GPUWeight, x, path: str | None = None, out=None, acts: Activations | None = None):
+    """x: [n, k] f32 -> [n, m] f32."""
+    n = x.shape[0]
+    if n == 0:
+        import cupy
+        return cupy.empty((0, w.m), cupy.float32)
+    acts = acts or Activations()
+    path = resolve_path(w, n, path)
     if path == "mmvf":
         return launch.mmvf(w, x, out)
     if path == "cublas":
         return launch.gemm_xwt(x, w.data, out)
     if path == "mmvq":
-        qs, ds = launch.quantize_q8_1(x)
+        qs, ds = acts.q8_1(x)
         return launch.mmvq(w, qs, ds, n, out)
     if path == "mmq":
         n_pad = (n + launch.MMQ_BN - 1) // launch.MMQ_BN * launch.MMQ_BN
-        qs, ds = launch.quantize_q8_1(x, n_pad)
+        qs, ds = acts.q8_1(x, n_pad)
         return launch.mmq(w, qs, ds, n, out)
-    if path == "dequant":
-        return launch.gemm_xwt(x, launch.dequantize(w, "f16"), out)
-    raise ValueError(f"unknown mul_mat path {path!r} (one of {', '.join(PATHS)})")
+    return launch.gemm_xwt(acts.f16(x), launch.dequantize(w, "f16"), out)      # dequant
+
+
+def mul_mats(ws: list[GPUWeight], x, acts: Activations | None = None) -> list:
+    """[mul_mat(w, x) for w in ws]; on the MMVQ path, matrices of one type and k share a launch (up to 3)."""
+    n = x.shape[0]
+    acts = acts or Activations()
+    if n == 0 or any(resolve_path(w, n) != "mmvq" for w in ws):
+        return [mul_mat(w, x, acts=acts) for w in ws]
+    qs, ds = acts.q8_1(x)
+    outs, i = [], 0
+    while i < len(ws):
+        j = i + 1
+        while j < len(ws) and j - i < 3 and (ws[j].type, ws[j].k) == (ws[i].type, ws[i].k):
+            j += 1
+        outs += launch.mmvq_multi(ws[i:j], qs, ds, n)
+        i = j
+    return outs
+
+
+def glu(gate: GPUWeight, up: GPUWeight, x, act: str, acts: Activations | None = None):
+    """act(x gate^T) * (x up^T) in one MMVQ launch when both take that path and match; None otherwise."""
+    n = x.shape[0]
+    if n == 0 or resolve_path(gate, n) != "mmvq" or resolve_path(up, n) != "mmvq" or \
+            (gate.type, gate.m, gate.k) != (up.type, up.m, up.k):
+        return None
+    qs, ds = (acts or Activations()).q8_1(x)
+    return launch.mmvq_glu(gate, up, qs, ds, n, act)

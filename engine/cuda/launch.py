@@ -38,17 +38,49 @@ def quantize_q8_1(x, n_pad: int | None = None):
     return qs, ds
 
 
+def _mmvq_groups(k: int) -> int:
+    chunks = k // 32
+    return 1 if chunks >= 128 else 2 if chunks >= 64 else 4     # 128, 64 or 32 threads per group of rows
+
+
 def mmvq(w: GPUWeight, qs, ds, n: int, out=None):
     """y [n, m] = x W^T for n <= 8 columns (activations from quantize_q8_1)."""
+    return mmvq_multi([w], qs, ds, n, [out])[0]
+
+
+def mmvq_multi(ws: list[GPUWeight], qs, ds, n: int, outs=None):
+    """[x W^T for W in ws] in one launch: up to 3 matrices of one type and k (q, k, v) -> list of [n, m_i]."""
     cp = _cp()
-    y = out if out is not None else cp.empty((n, w.m), cp.float32)
-    chunks = w.k // 32
-    groups = 1 if chunks >= 128 else 2 if chunks >= 64 else 4     # 128, 64 or 32 threads per group of rows
-    rows_per_block = groups * mmvq_rows(n)
-    grid = ((w.m + rows_per_block - 1) // rows_per_block,)
-    kernel("mmvq", f"mmvq<{int(w.type)}, {n}>")(grid, (MMVQ_THREADS,),
-                                                 (w.data, qs, ds, y, np.int32(w.m), np.int32(w.k),
-                                                  np.int64(w.row_bytes), np.int32(groups)))
+    assert 1 <= len(ws) <= 3 and len({(int(w.type), w.k) for w in ws}) == 1
+    outs = outs or [None] * len(ws)
+    ys = [o if o is not None else cp.empty((n, w.m), cp.float32) for w, o in zip(ws, outs)]
+    w0 = ws[0]
+    groups = _mmvq_groups(w0.k)
+    per_block = groups * mmvq_rows(n)
+    grid = (sum((w.m + per_block - 1) // per_block for w in ws),)
+    pad = 3 - len(ws)
+    wptr = [w.data for w in ws] + [np.uint64(0)] * pad
+    yptr = ys + [np.uint64(0)] * pad
+    ms = [np.int32(w.m) for w in ws] + [np.int32(0)] * pad
+    kernel("mmvq", f"mmvq<{int(w0.type)}, {n}, 0>")(grid, (MMVQ_THREADS,),
+                                                    (*wptr, qs, ds, *yptr, *ms, np.int32(w0.k),
+                                                     np.int64(w0.row_bytes), np.int32(groups)))
+    return ys
+
+
+GLU_ACTS = {"silu": 1, "gelu": 2}
+
+
+def mmvq_glu(gate: GPUWeight, up: GPUWeight, qs, ds, n: int, act: str, out=None):
+    """y [n, m] = act(x gate^T) * (x up^T) in one launch (gate and up of one type and shape)."""
+    cp = _cp()
+    assert (int(gate.type), gate.m, gate.k) == (int(up.type), up.m, up.k)
+    y = out if out is not None else cp.empty((n, gate.m), cp.float32)
+    groups = _mmvq_groups(gate.k)
+    kernel("mmvq", f"mmvq<{int(gate.type)}, {n}, {GLU_ACTS[act]}>")(
+        ((gate.m + groups - 1) // groups,), (MMVQ_THREADS,),
+        (gate.data, up.data, np.uint64(0), qs, ds, y, np.uint64(0), np.uint64(0), np.int32(gate.m), np.int32(0),
+         np.int32(0), np.int32(gate.k), np.int64(gate.row_bytes), np.int32(groups)))
     return y
 
 
@@ -113,7 +145,9 @@ def gemm_xwt(x, w, out=None):
     y = out if out is not None else cp.empty((n, m), cp.float32)
     ctype = {cp.dtype(cp.float16): 2, cp.dtype(cp.float32): 0}[cp.dtype(dt)]   # CUDA_R_16F, CUDA_R_32F
     one, zero = np.array(1.0, np.float32), np.array(0.0, np.float32)
-    cublas.gemmEx(cp.cuda.device.get_cublas_handle(), cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, m, n, k,
+    handle = cp.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
+    cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, m, n, k,
                   one.ctypes.data, w.data.ptr, ctype, k, x.data.ptr, ctype, k,
                   zero.ctypes.data, y.data.ptr, 0, m, cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
     return y

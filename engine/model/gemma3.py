@@ -30,21 +30,25 @@ class Gemma3(Transformer):
         B, c = self.B, self.cfg
         n = len(batch.tokens)
         x = B.scale(B.embed(self.tok_embd, batch.tokens), math.sqrt(c.n_embd))   # x: [n, n_embd]
+        h = B.rms_norm(x, self.layers[0].attn_norm, c.rms_eps)                    # h: [n, n_embd], normed residual
         for il, L in enumerate(self.layers):
             sliding = self.is_sliding(il)
             base = SLIDING_ROPE_BASE if sliding else c.rope_base
-            h = B.rms_norm(x, L.attn_norm, c.rms_eps)                             # h: [n, n_embd]
-            q = B.mul_mat(L.wq, h).reshape(n, c.n_head, c.head_dim)               # q: [n, n_head, head_dim]
-            k = B.mul_mat(L.wk, h).reshape(n, c.n_head_kv, c.head_dim)            # k: [n, n_head_kv, head_dim]
-            v = B.mul_mat(L.wv, h).reshape(n, c.n_head_kv, c.head_dim)            # v: [n, n_head_kv, head_dim]
+            q, k, v = B.mul_mats((L.wq, L.wk, L.wv), h)                       # [n, q_dim], [n, kv_dim] x2
+            q = q.reshape(n, c.n_head, c.head_dim)                            # q: [n, n_head, head_dim]
+            k = k.reshape(n, c.n_head_kv, c.head_dim)                         # k: [n, n_head_kv, head_dim]
+            v = v.reshape(n, c.n_head_kv, c.head_dim)                         # v: [n, n_head_kv, head_dim]
             q = B.rope(B.rms_norm(q, L.q_norm, c.rms_eps), batch.positions, c.n_rot, base, neox=True)
             k = B.rope(B.rms_norm(k, L.k_norm, c.rms_eps), batch.positions, c.n_rot, base, neox=True)
             window = c.sliding_window if sliding else None
             a = B.attention(q, k, v, cache, il, batch, 1.0 / math.sqrt(c.head_dim), window)  # a: [n, n_head*head_dim]
-            x = B.add(x, B.rms_norm(B.mul_mat(L.wo, a), L.post_attn_norm, c.rms_eps))
-            h = B.rms_norm(x, L.ffn_norm, c.rms_eps)
-            f = B.geglu(B.mul_mat(L.gate, h), B.mul_mat(L.up, h))                  # f: [n, n_ff]
-            x = B.add(x, B.rms_norm(B.mul_mat(L.down, f), L.post_ffn_norm, c.rms_eps))
+            x, h = B.add_rms_norm(x, B.mul_mat(L.wo, a), L.ffn_norm, c.rms_eps, r_norm=L.post_attn_norm)
+            f = B.glu(L.gate, L.up, h, "gelu")                                # f: [n, n_ff]
+            if il + 1 < len(self.layers):                                         # the next layer's attention norm
+                x, h = B.add_rms_norm(x, B.mul_mat(L.down, f), self.layers[il + 1].attn_norm, c.rms_eps,
+                                      r_norm=L.post_ffn_norm)
+            else:
+                x = B.add(x, B.rms_norm(B.mul_mat(L.down, f), L.post_ffn_norm, c.rms_eps))
         if len(batch.logit_rows) == 0:                                     # a ubatch that only fills the cache
             return None
         x = B.rms_norm(B.rows(x, batch.logit_rows), self.output_norm, c.rms_eps)   # x: [n_out, n_embd]

@@ -8,7 +8,26 @@
 // (p = its position), each lane holding head_dim/32 of q and of the output, with an online softmax in fp32.
 //   q : [n, n_head, head_dim] f32; out : [n, n_head, head_dim] f32; seq_ids, positions : [n] int32
 //   Launch rule: grid (n, n_head), block 32; head_dim a multiple of 32, at most 256.
+//
+// attention_split + attention_combine: the same attention for few query tokens (decode), split over the keys so that
+// n * n_head * n_split blocks fill the GPU. Block z of a (token, head) takes the z-th of n_split equal chunks of the
+// token's keys (chunk sizes follow the position read on the device, so a CUDA graph stays valid as the context
+// grows); its 4 warps take every 4th key of the chunk and merge their softmax states through shared memory.
+//   part : [n, n_head, n_split, head_dim + 2] f32, per chunk (max score m, sum l, unnormalized output[head_dim])
+//   attention_split launch rule: grid (n, n_head, n_split), block (32, 4).
+//   attention_combine: merges the chunks -> out [n, n_head, head_dim]; grid (n, n_head), block 32.
+//
+// attention_prefill: many query tokens of one sequence at consecutive positions (a prefill ubatch), tiled: a block
+// takes 32 queries of one head and streams their keys in tiles of 32 through shared memory (as f32); scores and
+// output in fp32 with an online softmax per query. Thread (r = tid / 4, c = tid % 4) owns query r: the scores of
+// keys c, c+4, ... of each tile and the output dims c, c+4, .... The sequence slot and the first position are
+// seq_ids[0] and positions[0]. Rows are padded by one float (no shared-memory bank conflicts).
+//   q : [n, n_head, D] f32; out : [n, n_head, D] f32
+//   Launch rule: grid (ceil(n / 32), n_head), block 128, dynamic shared memory prefill_smem_floats(D) * 4 bytes;
+//   D (head_dim) one of 64, 128, 256.
 #include "common.cuh"
+
+#define NEG_INF __int_as_float(0xff800000)
 
 template <typename KV> __device__ __forceinline__ float kv_load(const KV* p);
 template <> __device__ __forceinline__ float kv_load<u16>(const u16* p) { return h2f(*p); }
@@ -29,6 +48,29 @@ __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ 
     cache_v[dst] = kv_cast<KV>(v[t]);
 }
 
+// One warp's online softmax over keys j0, j0 + step, ... < j1: updates (m, l, acc).
+template <typename KV>
+__device__ __forceinline__ void attend_keys(const KV* __restrict__ kb, const KV* __restrict__ vb, long long stride,
+                                            int j0, int j1, int step, const float* qv, float* acc, float& m,
+                                            float& l, int per, int lane) {
+    constexpr int MAXE = 8;
+    for (int j = j0; j < j1; j += step) {
+        const KV* kr = kb + j * stride;
+        float s = 0.f;
+#pragma unroll
+        for (int e = 0; e < MAXE; ++e) if (e < per) s += qv[e] * kv_load<KV>(kr + e * 32 + lane);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        const float m_new = fmaxf(m, s);
+        const float corr = expf(m - m_new), pj = expf(s - m_new);
+        l = l * corr + pj;
+        const KV* vr = vb + j * stride;
+#pragma unroll
+        for (int e = 0; e < MAXE; ++e) if (e < per) acc[e] = acc[e] * corr + pj * kv_load<KV>(vr + e * 32 + lane);
+        m = m_new;
+    }
+}
+
 template <typename KV>
 __global__ void __launch_bounds__(32)
 attention(const float* __restrict__ q, const KV* __restrict__ cache_k, const KV* __restrict__ cache_v,
@@ -45,31 +87,178 @@ attention(const float* __restrict__ q, const KV* __restrict__ cache_k, const KV*
     for (int e = 0; e < MAXE; ++e) { qv[e] = e < per ? qh[e * 32 + lane] * scale : 0.f; acc[e] = 0.f; }
     const long long base = ((long long)seq_ids[tok] * n_ctx) * n_kv * head_dim + (long long)kvh * head_dim;
     const long long stride = (long long)n_kv * head_dim;
-    float m = __int_as_float(0xff800000), l = 0.f;   // -inf
-    for (int j = lo; j <= p; ++j) {
-        const KV* kr = cache_k + base + j * stride;
-        float s = 0.f;
-#pragma unroll
-        for (int e = 0; e < MAXE; ++e) if (e < per) s += qv[e] * kv_load<KV>(kr + e * 32 + lane);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        const float m_new = fmaxf(m, s);
-        const float corr = expf(m - m_new), pj = expf(s - m_new);
-        l = l * corr + pj;
-        const KV* vr = cache_v + base + j * stride;
-#pragma unroll
-        for (int e = 0; e < MAXE; ++e) if (e < per) acc[e] = acc[e] * corr + pj * kv_load<KV>(vr + e * 32 + lane);
-        m = m_new;
-    }
+    float m = NEG_INF, l = 0.f;
+    attend_keys<KV>(cache_k + base, cache_v + base, stride, lo, p + 1, 1, qv, acc, m, l, per, lane);
     float* oh = out + ((long long)tok * n_head + h) * head_dim;
 #pragma unroll
     for (int e = 0; e < MAXE; ++e) if (e < per) oh[e * 32 + lane] = acc[e] / l;
 }
 
+template <typename KV>
+__global__ void __launch_bounds__(128)
+attention_split(const float* __restrict__ q, const KV* __restrict__ cache_k, const KV* __restrict__ cache_v,
+                float* __restrict__ part, const int* __restrict__ seq_ids, const int* __restrict__ positions,
+                int n_head, int n_kv, int head_dim, int n_ctx, float scale, int window) {
+    constexpr int MAXE = 8, WARPS = 4;
+    __shared__ float s_m[WARPS], s_l[WARPS], s_acc[WARPS][MAXE * 32];
+    const int tok = blockIdx.x, h = blockIdx.y, z = blockIdx.z, n_split = gridDim.z;
+    const int lane = threadIdx.x, w = threadIdx.y;
+    const int per = head_dim / 32, kvh = h / (n_head / n_kv);
+    const int p = positions[tok];
+    const int lo = window > 0 ? max(0, p - window + 1) : 0;
+    const int chunk = (p - lo + 1 + n_split - 1) / n_split;
+    const int j0 = lo + z * chunk, j1 = min(p + 1, j0 + chunk);
+    const float* qh = q + ((long long)tok * n_head + h) * head_dim;
+    float qv[MAXE], acc[MAXE];
+#pragma unroll
+    for (int e = 0; e < MAXE; ++e) { qv[e] = e < per ? qh[e * 32 + lane] * scale : 0.f; acc[e] = 0.f; }
+    const long long base = ((long long)seq_ids[tok] * n_ctx) * n_kv * head_dim + (long long)kvh * head_dim;
+    float m = NEG_INF, l = 0.f;
+    attend_keys<KV>(cache_k + base, cache_v + base, (long long)n_kv * head_dim, j0 + w, j1, WARPS, qv, acc, m, l,
+                    per, lane);
+    if (lane == 0) { s_m[w] = m; s_l[w] = l; }
+#pragma unroll
+    for (int e = 0; e < MAXE; ++e) if (e < per) s_acc[w][e * 32 + lane] = acc[e];
+    __syncthreads();
+    if (w != 0) return;
+    float mx = NEG_INF;
+#pragma unroll
+    for (int i = 0; i < WARPS; ++i) mx = fmaxf(mx, s_m[i]);
+    float f[WARPS], lt = 0.f;
+#pragma unroll
+    for (int i = 0; i < WARPS; ++i) { f[i] = mx == NEG_INF ? 0.f : expf(s_m[i] - mx); lt += f[i] * s_l[i]; }
+    float* pp = part + (((long long)tok * n_head + h) * n_split + z) * (head_dim + 2);
+    if (lane == 0) { pp[0] = mx; pp[1] = lt; }
+    for (int e = 0; e < per; ++e) {
+        float a = 0.f;
+#pragma unroll
+        for (int i = 0; i < WARPS; ++i) a += f[i] * s_acc[i][e * 32 + lane];
+        pp[2 + e * 32 + lane] = a;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32)
+attention_combine(const float* __restrict__ part, float* __restrict__ out, int n_head, int head_dim, int n_split) {
+    constexpr int MAXE = 8;
+    const int lane = threadIdx.x, per = head_dim / 32, stride = head_dim + 2;
+    const long long th = (long long)blockIdx.x * n_head + blockIdx.y;
+    const float* pp = part + th * n_split * stride;
+    float mx = NEG_INF;
+    for (int z = 0; z < n_split; ++z) mx = fmaxf(mx, pp[z * stride]);   // chunk 0 always has keys: mx is finite
+    float l = 0.f, acc[MAXE];
+#pragma unroll
+    for (int e = 0; e < MAXE; ++e) acc[e] = 0.f;
+    for (int z = 0; z < n_split; ++z) {
+        const float f = expf(pp[z * stride] - mx);
+        l += f * pp[z * stride + 1];
+#pragma unroll
+        for (int e = 0; e < MAXE; ++e) if (e < per) acc[e] += f * pp[z * stride + 2 + e * 32 + lane];
+    }
+    float* oh = out + th * head_dim;
+#pragma unroll
+    for (int e = 0; e < MAXE; ++e) if (e < per) oh[e * 32 + lane] = acc[e] / l;
+}
+
+__host__ __device__ constexpr int prefill_smem_floats(int d) { return 2 * 32 * (d + 1) + 32 * d + 32 * 33; }
+
+template <typename KV, int D>
+__global__ void __launch_bounds__(128)
+attention_prefill(const float* __restrict__ q, const KV* __restrict__ cache_k, const KV* __restrict__ cache_v,
+                  float* __restrict__ out, const int* __restrict__ seq_ids, const int* __restrict__ positions, int n,
+                  int n_head, int n_kv, int n_ctx, float scale, int window) {
+    constexpr int BQ = 32, BK = 32, DP = D + 1, PP = BK + 1, PER = D / 4;
+    extern __shared__ float smem[];
+    float* sq = smem;                  // [BQ][DP] queries, scaled
+    float* sk = sq + BQ * DP;          // [BK][DP] keys of the tile
+    float* sv = sk + BK * DP;          // [BK][D]  values of the tile
+    float* sp = sv + BK * D;           // [BQ][PP] probabilities of the tile
+    const int tid = threadIdx.x, r = tid >> 2, c = tid & 3;
+    const int h = blockIdx.y, kvh = h / (n_head / n_kv);
+    const int t0 = blockIdx.x * BQ, nq = min(BQ, n - t0);
+    const int p0 = positions[0];
+    for (int e = tid; e < BQ * D; e += 128) {
+        const int rr = e / D, d = e % D;
+        sq[rr * DP + d] = rr < nq ? q[((long long)(t0 + rr) * n_head + h) * D + d] * scale : 0.f;
+    }
+    const int qp = p0 + t0 + r, qp_last = p0 + t0 + nq - 1;
+    const int lo = window > 0 ? max(0, p0 + t0 - window + 1) : 0;
+    const long long stride = (long long)n_kv * D;
+    const long long base = (long long)seq_ids[0] * n_ctx * stride + (long long)kvh * D;
+    float o[PER];
+#pragma unroll
+    for (int i = 0; i < PER; ++i) o[i] = 0.f;
+    float m = NEG_INF, l = 0.f;
+    for (int j0 = lo; j0 <= qp_last; j0 += BK) {
+        __syncthreads();                                    // the previous tile is consumed (and sq is written)
+        for (int e = tid; e < BK * D; e += 128) {
+            const int jj = e / D, d = e % D, j = j0 + jj;
+            const bool in = j <= qp_last;
+            sk[jj * DP + d] = in ? kv_load<KV>(cache_k + base + j * stride + d) : 0.f;
+            sv[jj * D + d] = in ? kv_load<KV>(cache_v + base + j * stride + d) : 0.f;
+        }
+        __syncthreads();
+        float s[BK / 4];
+#pragma unroll
+        for (int i = 0; i < BK / 4; ++i) s[i] = 0.f;
+#pragma unroll 8
+        for (int d = 0; d < D; ++d) {
+            const float qd = sq[r * DP + d];
+#pragma unroll
+            for (int i = 0; i < BK / 4; ++i) s[i] += qd * sk[(c + 4 * i) * DP + d];
+        }
+        float tmax = NEG_INF;
+#pragma unroll
+        for (int i = 0; i < BK / 4; ++i) {
+            const int j = j0 + c + 4 * i;
+            const bool ok = r < nq && j <= qp && (window <= 0 || j > qp - window);
+            s[i] = ok ? s[i] : NEG_INF;
+            tmax = fmaxf(tmax, s[i]);
+        }
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+        const float m_new = fmaxf(m, tmax);
+        const float corr = m_new == NEG_INF ? 1.f : expf(m - m_new);
+        float psum = 0.f;
+#pragma unroll
+        for (int i = 0; i < BK / 4; ++i) {
+            const float pj = s[i] == NEG_INF ? 0.f : expf(s[i] - m_new);
+            sp[r * PP + c + 4 * i] = pj;
+            psum += pj;
+        }
+        psum += __shfl_xor_sync(0xffffffffu, psum, 1);
+        psum += __shfl_xor_sync(0xffffffffu, psum, 2);
+        l = l * corr + psum;
+        m = m_new;
+        __syncwarp();                                       // row r's probabilities come from its 4 lanes
+#pragma unroll
+        for (int i = 0; i < PER; ++i) o[i] *= corr;
+        for (int jj = 0; jj < BK; ++jj) {
+            const float pj = sp[r * PP + jj];
+#pragma unroll
+            for (int i = 0; i < PER; ++i) o[i] += pj * sv[jj * D + c + 4 * i];
+        }
+    }
+    if (r < nq) {
+        float* oh = out + ((long long)(t0 + r) * n_head + h) * D;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) oh[c + 4 * i] = o[i] / l;
+    }
+}
+
+#define INSTANTIATE_PREFILL(KV, D) \
+    template __global__ void attention_prefill<KV, D>(const float* __restrict__, const KV* __restrict__, \
+        const KV* __restrict__, float* __restrict__, const int* __restrict__, const int* __restrict__, int, int, int, \
+        int, float, int);
+INSTANTIATE_PREFILL(u16, 64) INSTANTIATE_PREFILL(u16, 128) INSTANTIATE_PREFILL(u16, 256)
+INSTANTIATE_PREFILL(float, 64) INSTANTIATE_PREFILL(float, 128) INSTANTIATE_PREFILL(float, 256)
+
 #define INSTANTIATE_ATTENTION(KV) \
     template __global__ void kv_store<KV>(const float* __restrict__, const float* __restrict__, KV* __restrict__, \
         KV* __restrict__, const int* __restrict__, const int* __restrict__, int, int, int); \
     template __global__ void attention<KV>(const float* __restrict__, const KV* __restrict__, \
+        const KV* __restrict__, float* __restrict__, const int* __restrict__, const int* __restrict__, int, int, \
+        int, int, float, int); \
+    template __global__ void attention_split<KV>(const float* __restrict__, const KV* __restrict__, \
         const KV* __restrict__, float* __restrict__, const int* __restrict__, const int* __restrict__, int, int, \
         int, int, float, int);
 INSTANTIATE_ATTENTION(u16)

@@ -7,20 +7,45 @@
 // where more blocks in flight matter most; 2 above, where reusing the activations matters), each thread takes every
 // (128/groups)-th chunk of those rows, loads the chunk's activations of all NCOLS columns once and dots them with each
 // row's weight chunk; grid ceil(m / (groups * mmvq_rows(NCOLS))).
+//
+// One launch serves up to three matrices of the same type and k multiplied by the same activations (q, k and v):
+// w0..w2 with m0..m2 rows (m = 0: absent) into y0..y2; the grid is the sum of the three grids, in order.
+// GLU (1 = silu, 2 = gelu-tanh) instead computes y0 = act(x w0^T) * (x w1^T) (the gate and up matrices of a gated
+// FFN, m0 = m1 rows): each group serves one output row, dotting the gate row and the up row; grid
+// ceil(m0 / groups).
 #include "common.cuh"
 
 #define MMVQ_THREADS 128
 __host__ __device__ constexpr int mmvq_rows(int ncols) { return ncols == 1 ? 1 : 2; }
 
-template <int T, int NCOLS>
+__device__ __forceinline__ float glu_act(int glu, float g) {
+    return glu == 1 ? g / (1.0f + expf(-g))
+                    : 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+}
+
+template <int T, int NCOLS, int GLU>
 __global__ void __launch_bounds__(MMVQ_THREADS)
-mmvq(const u8* __restrict__ w, const signed char* __restrict__ qs, const float2* __restrict__ ds,
-     float* __restrict__ y, int m, int k, long long row_bytes, int groups) {
-    constexpr int MMVQ_ROWS = mmvq_rows(NCOLS);
+mmvq(const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2,
+     const signed char* __restrict__ qs, const float2* __restrict__ ds, float* __restrict__ y0,
+     float* __restrict__ y1, float* __restrict__ y2, int m0, int m1, int m2, int k, long long row_bytes,
+     int groups) {
+    constexpr int MMVQ_ROWS = GLU ? 2 : mmvq_rows(NCOLS);        // rows dotted per group (GLU: gate and up row)
+    constexpr int OUT_ROWS = GLU ? 1 : MMVQ_ROWS;                  // output rows per group
     __shared__ float partial[MMVQ_ROWS][NCOLS][MMVQ_THREADS / 32];
     const int tpg = MMVQ_THREADS / groups;                       // threads per group
     const int group = threadIdx.x / tpg, lane = threadIdx.x % tpg;
-    const int row0 = (blockIdx.x * groups + group) * MMVQ_ROWS;
+    int b = blockIdx.x, m = m0;
+    const u8* w = w0;
+    float* y = y0;
+    if (!GLU) {                                                   // which of the matrices this block serves
+        const int per_block = groups * OUT_ROWS;
+        const int nb0 = (m0 + per_block - 1) / per_block, nb1 = (m1 + per_block - 1) / per_block;
+        if (b >= nb0) {
+            b -= nb0; w = w1; y = y1; m = m1;
+            if (b >= nb1) { b -= nb1; w = w2; y = y2; m = m2; }
+        }
+    }
+    const int row0 = (b * groups + group) * OUT_ROWS;
     const int chunks = k / 32;
     float acc[MMVQ_ROWS][NCOLS];
 #pragma unroll
@@ -40,10 +65,12 @@ mmvq(const u8* __restrict__ w, const signed char* __restrict__ qs, const float2*
             }
 #pragma unroll
             for (int r = 0; r < MMVQ_ROWS; ++r) {
-                if (row0 + r >= m) break;
+                if (!GLU && row0 + r >= m) break;
                 int v[8];
                 ChunkScale s;
-                unpack<T>(w + (long long)(row0 + r) * row_bytes, c, v, s);
+                const u8* wr = GLU ? (r == 0 ? w0 : w1) + (long long)row0 * row_bytes
+                                   : w + (long long)(row0 + r) * row_bytes;
+                unpack<T>(wr, c, v, s);
 #pragma unroll
                 for (int j = 0; j < NCOLS; ++j) {
                     int d0 = dp4a(v[0], a0[j].x, 0); d0 = dp4a(v[1], a0[j].y, d0);
@@ -71,17 +98,24 @@ mmvq(const u8* __restrict__ w, const signed char* __restrict__ qs, const float2*
         }
     __syncthreads();
     const int wpg = tpg / 32;                                      // warps per group
-    if (threadIdx.x < groups * MMVQ_ROWS * NCOLS) {
-        const int gi = threadIdx.x / (MMVQ_ROWS * NCOLS), r = (threadIdx.x / NCOLS) % MMVQ_ROWS, j = threadIdx.x % NCOLS;
-        const int out_row = (blockIdx.x * groups + gi) * MMVQ_ROWS + r;
+    if (threadIdx.x < groups * OUT_ROWS * NCOLS) {
+        const int gi = threadIdx.x / (OUT_ROWS * NCOLS), r = (threadIdx.x / NCOLS) % OUT_ROWS, j = threadIdx.x % NCOLS;
+        const int out_row = (b * groups + gi) * OUT_ROWS + r;
         float a = 0.f;
         for (int q = 0; q < wpg; ++q) a += partial[r][j][gi * wpg + q];
+        if (GLU) {
+            float u = 0.f;
+            for (int q = 0; q < wpg; ++q) u += partial[1][j][gi * wpg + q];
+            a = glu_act(GLU, a) * u;
+        }
         if (out_row < m) y[(long long)j * m + out_row] = a;
     }
 }
 
-#define INSTANTIATE_MMVQ_N(T, N) template __global__ void mmvq<T, N>(const u8* __restrict__, \
-    const signed char* __restrict__, const float2* __restrict__, float* __restrict__, int, int, long long, int);
+#define INSTANTIATE_MMVQ_G(T, N, G) template __global__ void mmvq<T, N, G>(const u8* __restrict__, \
+    const u8* __restrict__, const u8* __restrict__, const signed char* __restrict__, const float2* __restrict__, \
+    float* __restrict__, float* __restrict__, float* __restrict__, int, int, int, int, long long, int);
+#define INSTANTIATE_MMVQ_N(T, N) INSTANTIATE_MMVQ_G(T, N, 0) INSTANTIATE_MMVQ_G(T, N, 1) INSTANTIATE_MMVQ_G(T, N, 2)
 #define INSTANTIATE_MMVQ(T) INSTANTIATE_MMVQ_N(T, 1) INSTANTIATE_MMVQ_N(T, 2) INSTANTIATE_MMVQ_N(T, 3) \
     INSTANTIATE_MMVQ_N(T, 4) INSTANTIATE_MMVQ_N(T, 5) INSTANTIATE_MMVQ_N(T, 6) INSTANTIATE_MMVQ_N(T, 7) \
     INSTANTIATE_MMVQ_N(T, 8)
