@@ -41,7 +41,7 @@ def run_bench(rt: Runtime, n_prompt: int, n_gen: int, reps: int, warmup: bool = 
     for name, n, fn in (("pp", n_prompt, bench_pp), ("tg", n_gen, bench_tg)):
         if n <= 0:
             continue
-        if warmup:
+        if warmup:                           # compile and load the kernels, capture the decode graph
             fn(rt, min(n, 16), rng)
         speeds = [fn(rt, n, rng) for _ in range(reps)]
         rows.append({"test": f"{name}{n}", "mean": statistics.mean(speeds),

@@ -4,7 +4,8 @@
     python scripts/profile_step.py MODEL [--prompt 512] [--steps 64]
 
 prefill: one ubatch of --prompt tokens run eagerly with CUDA events around every backend operation (mul_mat split by
-the path dispatch takes); the host enqueues ahead of these kernels, so the event times are GPU times.
+the path dispatch takes); where the host enqueues ahead of the kernels (large models) the event times are GPU times,
+elsewhere they include launch gaps.
 decode: the mean wall time of a whole decode step (Runtime.decode: input copy, graph replay, logits copy), of the
 graph replay alone (launch + synchronize), and of an eager step (graphs off).
 """
@@ -45,6 +46,7 @@ def profile_prefill(rt, n):
         return timed
 
     tokens = np.random.default_rng(0).integers(100, rt.config.n_vocab - 100, n).tolist()
+    graphs, B.graphs = B.graphs, None                    # eager, so that every operation can be timed
     rt.prefill(tokens)                                   # warm-up: compile and load every kernel
     B.synchronize()
     for name in OPS:
@@ -55,12 +57,14 @@ def profile_prefill(rt, n):
     wall = time.perf_counter() - t0
     for name in OPS:
         setattr(B, name, originals[name])
+    B.graphs = graphs
     totals, counts = defaultdict(float), defaultdict(int)
     for label, a, b in records:
         totals[label] += cp.cuda.get_elapsed_time(a, b)
         counts[label] += 1
     gpu = sum(totals.values())
     print(f"prefill {n} tokens: wall {wall * 1e3:.2f} ms ({n / wall:,.0f} t/s), sum of op GPU times {gpu:.2f} ms")
+
     for label in sorted(totals, key=totals.get, reverse=True):
         print(f"  {label:<22} {counts[label]:>5} calls {totals[label]:8.3f} ms {100 * totals[label] / gpu:5.1f} %")
 
@@ -76,7 +80,7 @@ def profile_decode(rt, steps):
     for pos in range(steps):
         rt.decode([0], [toks[pos]], [pos])
     step = (time.perf_counter() - t0) / steps
-    graph = next(iter(B.graphs.steps.values())) if B.graphs and B.graphs.steps else None
+    graph = next(iter(B.graphs.decode.values())) if B.graphs and B.graphs.decode else None
     line = f"decode: whole step {step * 1e6:.0f} us ({1 / step:.0f} t/s)"
     if graph is not None:
         B.synchronize()

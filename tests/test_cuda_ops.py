@@ -41,6 +41,30 @@ def test_add_rms_norm(backends, post_norm):
         s, y = gpu.add_rms_norm(cp.asarray(x), cp.asarray(r), cp.asarray(w), 1e-6,
                                 r_norm=cp.asarray(wr) if post_norm else None)
         assert nmse(s.get(), ref_s) < 1e-12 and nmse(y.get(), ref_y) < 1e-12
+        if shape[0] <= 8:                             # a decode step: y's q8_1 blocks come with it, as quantize writes
+            from engine.cuda import launch
+            qs, ds = gpu.acts.q8_1(y)
+            ref_qs, ref_ds = launch.quantize_q8_1(y)
+            assert cp.array_equal(qs, ref_qs) and cp.array_equal(ds, ref_ds)
+
+
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("norm", [False, True])
+def test_rope_qk(backends, neox, norm):
+    """q and k in one launch, optionally each head RMS-normed first (Gemma 3), against the numpy backend."""
+    import cupy as cp
+    cpu, gpu, _ = backends
+    rng = np.random.default_rng()
+    for n, n_head, n_kv, hd, n_rot in [(9, 6, 2, 64, 64), (1, 4, 1, 256, 256), (5, 3, 3, 128, 64)]:
+        q = rng.standard_normal((n, n_head, hd)).astype(np.float32) * 2
+        k = rng.standard_normal((n, n_kv, hd)).astype(np.float32) * 2
+        qn, kn = (rng.standard_normal(hd).astype(np.float32) if norm else None for _ in range(2))
+        pos = rng.integers(0, 30000, n).astype(np.int32)
+        ref_q, ref_k = cpu.rope_qk(q, k, pos, n_rot, 10000.0, neox, qn, kn, 1e-6)
+        yq, yk = gpu.rope_qk(cp.asarray(q), cp.asarray(k), pos, n_rot, 10000.0, neox,
+                             None if qn is None else cp.asarray(qn), None if kn is None else cp.asarray(kn), 1e-6)
+        np.testing.assert_allclose(yq.get(), ref_q, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(yk.get(), ref_k, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("neox", [False, True])

@@ -112,5 +112,6 @@ def test_cuda_graph_decode_equals_eager(tiny, arch, monkeypatch):
                 pos[s] += 1
         results[graphs] = np.concatenate(out)
         if graphs == "1":
-            assert rt.backend.graphs.replays == len(steps) - 2 and not rt.backend.graphs.failed
+            assert rt.backend.graphs.replays == len(steps) - 2 and not rt.backend.graphs.failures
     np.testing.assert_array_equal(results["1"], results["0"])
+

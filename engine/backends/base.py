@@ -32,6 +32,11 @@ class Batch:
                 start = i
         return cls(tokens, positions, seq_ids, np.asarray(logit_rows, np.int32), ranges)
 
+    def is_one_run(self) -> bool:
+        """One sequence at consecutive positions."""
+        p = self.positions
+        return len(self.seq_ranges) == 1 and int(p[-1]) - int(p[0]) == len(p) - 1 and bool(np.all(np.diff(p) == 1))
+
     @classmethod
     def single(cls, tokens, start_pos: int, seq_id: int = 0, all_logits: bool = False) -> "Batch":
         n = len(tokens)
@@ -99,6 +104,15 @@ class Backend:
     def attention(self, q, k, v, cache, layer: int, batch: Batch, scale: float, window: int | None):
         """Store k, v in the cache, then causal (optionally sliding-window) GQA attention: -> [n, heads*head_dim]."""
         raise NotImplementedError
+
+    def rope_qk(self, q, k, positions: np.ndarray, n_rot: int, base: float, neox: bool, q_norm=None, k_norm=None,
+                eps: float = 0.0):
+        """rope of q and k, each head first RMS-normed with q_norm / k_norm when given -> (q, k)."""
+        if q_norm is not None:
+            q = self.rms_norm(q, q_norm, eps)
+        if k_norm is not None:
+            k = self.rms_norm(k, k_norm, eps)
+        return self.rope(q, positions, n_rot, base, neox), self.rope(k, positions, n_rot, base, neox)
 
     def kv_cache(self, n_layer: int, n_seq: int, n_ctx: int, n_head_kv: int, head_dim: int):
         raise NotImplementedError

@@ -15,7 +15,7 @@ from ..cuda.weights import GPUWeight, upload
 from ..gguf import TensorInfo
 from ..quants import dequantize
 from .base import Backend, Batch, KVCache
-from .cuda_graphs import DecodeGraphs, graphs_enabled
+from .cuda_graphs import StepGraphs, graphs_enabled
 
 
 _swiglu = cp.ElementwiseKernel("float32 g, float32 u", "float32 y", "y = g / (1.0f + expf(-g)) * u", "engine_swiglu")
@@ -24,10 +24,9 @@ _geglu = cp.ElementwiseKernel(
     "y = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u", "engine_geglu")
 
 
-def _one_run(batch: Batch) -> bool:
-    """One sequence at consecutive positions (what attention_prefill takes)."""
-    p = batch.positions
-    return len(batch.seq_ranges) == 1 and int(p[-1]) - int(p[0]) == len(p) - 1 and bool(np.all(np.diff(p) == 1))
+def norm_threads(d: int) -> int:
+    """Threads of a norm block (kernels/rms_norm.cu): about two values each, a multiple of 32, at most 1024."""
+    return min(1024, max(32, (d // 2 + 31) // 32 * 32))
 
 
 class CUDABackend(Backend):
@@ -37,16 +36,18 @@ class CUDABackend(Backend):
         self.kv_dtype = cp.float32 if kv_f32 else cp.float16
         self.stream = cp.cuda.Stream(non_blocking=False)     # orders with the legacy stream (copies, to_numpy)
         self.n_sm = cp.cuda.Device().attributes["MultiProcessorCount"]
-        self.graphs = DecodeGraphs(self) if (graphs_enabled() if graphs is None else graphs) else None
+        self.graphs = StepGraphs(self) if (graphs_enabled() if graphs is None else graphs) else None
         self._device_arrays: dict[int, tuple[np.ndarray, cp.ndarray]] = {}
         self._bound: dict[int, tuple[np.ndarray, cp.ndarray]] = {}
         self.acts = dispatch.Activations()     # q8_1 / f16 forms of the last activation multiplied
+        self._tickets = cp.zeros(4 * self.n_sm, cp.int32)   # attention_split's counters: n * n_head <= 2 * n_sm
+        self._inv_freq: dict[tuple[float, int], cp.ndarray] = {}
 
     def synchronize(self) -> None:
         self.stream.synchronize()
 
     def forward(self, model, batch: Batch, cache):
-        if self.graphs is not None and self.graphs.accepts(batch):
+        if self.graphs is not None:
             return self.graphs.run(model, batch, cache)
         with self.stream:
             return model.forward(batch, cache)
@@ -98,9 +99,8 @@ class CUDABackend(Backend):
         d = x.shape[-1]
         y = cp.empty_like(x)
         rows = x.size // d
-        if rows == 0:
-            return y
-        kernel("rms_norm", "rms_norm")((rows,), (256,), (x, w, y, np.int32(d), np.float32(eps)))
+        if rows:
+            kernel("rms_norm", "rms_norm")((rows,), (norm_threads(d),), (x, w, y, np.int32(d), np.float32(eps)))
         return y
 
     def add_rms_norm(self, x, r, w, eps, r_norm=None):
@@ -109,10 +109,34 @@ class CUDABackend(Backend):
         d = x.shape[-1]
         s, y = cp.empty_like(x), cp.empty_like(x)
         rows = x.size // d
+        q8 = (np.uint64(0), np.uint64(0))
+        if 0 < rows <= 8 and d % 32 == 0:              # a decode step: y goes to MMVQ, write its q8_1 blocks too
+            q8 = (cp.empty((rows, d), cp.int8), cp.empty((rows, d // 8), cp.float32))
+            self.acts.put_q8_1(y, q8)
         if rows:
-            kernel("rms_norm", "add_rms_norm")((rows,), (256,), (x, r, r_norm if r_norm is not None else np.uint64(0),
-                                                                 w, s, y, np.int32(d), np.float32(eps)))
+            kernel("rms_norm", "add_rms_norm")(
+                (rows,), (norm_threads(d),),
+                (x, r, r_norm if r_norm is not None else np.uint64(0), w, s, y, *q8, np.int32(d), np.float32(eps)))
         return s, y
+
+    def rope_qk(self, q, k, positions, n_rot, base, neox, q_norm=None, k_norm=None, eps=0.0):
+        n, n_head, d = q.shape
+        if d % 64 or d > 256 or n == 0:
+            return super().rope_qk(q, k, positions, n_rot, base, neox, q_norm, k_norm, eps)
+        q = cp.ascontiguousarray(q, dtype=cp.float32)
+        k = cp.ascontiguousarray(k, dtype=cp.float32)
+        yq, yk = cp.empty_like(q), cp.empty_like(k)
+        inv_freq = self._inv_freq.get((base, n_rot))
+        if inv_freq is None:                              # base^(-2i/n_rot) exactly as the numpy backend computes it
+            inv_freq = cp.asarray(base ** (-np.arange(n_rot // 2, dtype=np.float64) * 2.0 / n_rot))
+            self._inv_freq[(base, n_rot)] = inv_freq
+        null = np.uint64(0)
+        kernel("rope", "rope_qk")((n, n_head + k.shape[1]), (d // 2,),
+                                  (q, k, yq, yk, q_norm if q_norm is not None else null,
+                                   k_norm if k_norm is not None else null, inv_freq, self._dev(positions),
+                                   np.int32(n_head), np.int32(k.shape[1]), np.int32(d), np.int32(n_rot),
+                                   np.int32(1 if neox else 0), np.float32(eps)))
+        return yq, yk
 
     def rope(self, x, positions, n_rot, base, neox):
         x = cp.ascontiguousarray(x, dtype=cp.float32)
@@ -147,7 +171,7 @@ class CUDABackend(Backend):
         tail = (seq_ids, positions, np.int32(n_head), np.int32(n_kv), np.int32(d), np.int32(cache.n_ctx),
                 np.float32(scale), np.int32(window or 0))
         n_split = min(32, 4 * self.n_sm // (n * n_head))           # few queries (decode): split over the keys
-        if n_split < 2 and d in PREFILL_HEAD_DIMS and _one_run(batch):  # a prefill ubatch: tiled
+        if n_split < 2 and d in PREFILL_HEAD_DIMS and batch.is_one_run():  # a prefill ubatch: tiled
             fn = kernel("attention", f"attention_prefill<{kt}, {d}>")
             smem = (2 * 32 * (d + 1) + 32 * d + 32 * 33) * 4             # attention.cu prefill_smem_floats(d)
             if fn.max_dynamic_shared_size_bytes < smem:
@@ -157,9 +181,8 @@ class CUDABackend(Backend):
                                                     np.int32(window or 0)), shared_mem=smem)
         elif n_split >= 2:
             part = cp.empty((n, n_head, n_split, d + 2), cp.float32)  # per chunk: max, sum, output[head_dim]
-            kernel("attention", f"attention_split<{kt}>")((n, n_head, n_split), (32, 4), (q, *args, part, *tail))
-            kernel("attention", "attention_combine")((n, n_head), (32,),
-                                                     (part, out, np.int32(n_head), np.int32(d), np.int32(n_split)))
+            kernel("attention", f"attention_split<{kt}>")((n, n_head, n_split), (32, 4),
+                                                           (q, *args, out, *tail, part, self._tickets))
         else:
             kernel("attention", f"attention<{kt}>")((n, n_head), (32,), (q, *args, out, *tail))
         return out.reshape(n, n_head * d)

@@ -42,12 +42,12 @@ def name_expressions(family: str) -> list[str]:
     if family == "mmq":
         return [f"mmq<{t}>" for t in qtypes]
     if family == "rope":
-        return ["rope"]
+        return ["rope", "rope_qk"]
     if family == "rms_norm":
         return ["rms_norm", "add_rms_norm"]
     if family == "attention":
         return [f"{k}<{t}>" for k in ("kv_store", "attention", "attention_split") for t in ("u16", "float")] + [
-            "attention_combine"] + [f"attention_prefill<{t}, {d}>" for t in ("u16", "float") for d in PREFILL_HEAD_DIMS]
+            f"attention_prefill<{t}, {d}>" for t in ("u16", "float") for d in PREFILL_HEAD_DIMS]
     raise KeyError(family)
 
 

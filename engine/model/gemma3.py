@@ -38,8 +38,8 @@ class Gemma3(Transformer):
             q = q.reshape(n, c.n_head, c.head_dim)                            # q: [n, n_head, head_dim]
             k = k.reshape(n, c.n_head_kv, c.head_dim)                         # k: [n, n_head_kv, head_dim]
             v = v.reshape(n, c.n_head_kv, c.head_dim)                         # v: [n, n_head_kv, head_dim]
-            q = B.rope(B.rms_norm(q, L.q_norm, c.rms_eps), batch.positions, c.n_rot, base, neox=True)
-            k = B.rope(B.rms_norm(k, L.k_norm, c.rms_eps), batch.positions, c.n_rot, base, neox=True)
+            q, k = B.rope_qk(q, k, batch.positions, c.n_rot, base, neox=True, q_norm=L.q_norm, k_norm=L.k_norm,
+                             eps=c.rms_eps)
             window = c.sliding_window if sliding else None
             a = B.attention(q, k, v, cache, il, batch, 1.0 / math.sqrt(c.head_dim), window)  # a: [n, n_head*head_dim]
             x, h = B.add_rms_norm(x, B.mul_mat(L.wo, a), L.ffn_norm, c.rms_eps, r_norm=L.post_attn_norm)

@@ -23,8 +23,7 @@ class Llama(Transformer):
             q = q.reshape(n, c.n_head, c.head_dim)                            # q: [n, n_head, head_dim]
             k = k.reshape(n, c.n_head_kv, c.head_dim)                         # k: [n, n_head_kv, head_dim]
             v = v.reshape(n, c.n_head_kv, c.head_dim)                         # v: [n, n_head_kv, head_dim]
-            q = B.rope(q, batch.positions, c.n_rot, c.rope_base, neox=False)
-            k = B.rope(k, batch.positions, c.n_rot, c.rope_base, neox=False)
+            q, k = B.rope_qk(q, k, batch.positions, c.n_rot, c.rope_base, neox=False)
             a = B.attention(q, k, v, cache, il, batch, 1.0 / math.sqrt(c.head_dim), None)  # a: [n, n_head*head_dim]
             x, h = B.add_rms_norm(x, B.mul_mat(L.wo, a), L.ffn_norm, c.rms_eps)
             f = B.glu(L.gate, L.up, h, "silu")                                # f: [n, n_ff]

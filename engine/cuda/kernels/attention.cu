@@ -9,13 +9,15 @@
 //   q : [n, n_head, head_dim] f32; out : [n, n_head, head_dim] f32; seq_ids, positions : [n] int32
 //   Launch rule: grid (n, n_head), block 32; head_dim a multiple of 32, at most 256.
 //
-// attention_split + attention_combine: the same attention for few query tokens (decode), split over the keys so that
+// attention_split: the same attention for few query tokens (decode), split over the keys so that
 // n * n_head * n_split blocks fill the GPU. Block z of a (token, head) takes the z-th of n_split equal chunks of the
 // token's keys (chunk sizes follow the position read on the device, so a CUDA graph stays valid as the context
-// grows); its 4 warps take every 4th key of the chunk and merge their softmax states through shared memory.
+// grows); its 4 warps take every 4th key of the chunk and merge their softmax states through shared memory, then
+// write the chunk's state to part. The last block of the (token, head) to finish (a ticket from counters, which it
+// resets to 0 for the next launch) merges the n_split states into out.
 //   part : [n, n_head, n_split, head_dim + 2] f32, per chunk (max score m, sum l, unnormalized output[head_dim])
-//   attention_split launch rule: grid (n, n_head, n_split), block (32, 4).
-//   attention_combine: merges the chunks -> out [n, n_head, head_dim]; grid (n, n_head), block 32.
+//   counters : [n * n_head] int32, zero before the launch (and after it)
+//   Launch rule: grid (n, n_head, n_split), n_split <= 32, block (32, 4).
 //
 // attention_prefill: many query tokens of one sequence at consecutive positions (a prefill ubatch), tiled: a block
 // takes 32 queries of one head and streams their keys in tiles of 32 through shared memory (as f32); scores and
@@ -97,8 +99,9 @@ attention(const float* __restrict__ q, const KV* __restrict__ cache_k, const KV*
 template <typename KV>
 __global__ void __launch_bounds__(128)
 attention_split(const float* __restrict__ q, const KV* __restrict__ cache_k, const KV* __restrict__ cache_v,
-                float* __restrict__ part, const int* __restrict__ seq_ids, const int* __restrict__ positions,
-                int n_head, int n_kv, int head_dim, int n_ctx, float scale, int window) {
+                float* __restrict__ out, const int* __restrict__ seq_ids, const int* __restrict__ positions,
+                int n_head, int n_kv, int head_dim, int n_ctx, float scale, int window, float* __restrict__ part,
+                int* __restrict__ counters) {
     constexpr int MAXE = 8, WARPS = 4;
     __shared__ float s_m[WARPS], s_l[WARPS], s_acc[WARPS][MAXE * 32];
     const int tok = blockIdx.x, h = blockIdx.y, z = blockIdx.z, n_split = gridDim.z;
@@ -127,36 +130,39 @@ attention_split(const float* __restrict__ q, const KV* __restrict__ cache_k, con
     float f[WARPS], lt = 0.f;
 #pragma unroll
     for (int i = 0; i < WARPS; ++i) { f[i] = mx == NEG_INF ? 0.f : expf(s_m[i] - mx); lt += f[i] * s_l[i]; }
-    float* pp = part + (((long long)tok * n_head + h) * n_split + z) * (head_dim + 2);
-    if (lane == 0) { pp[0] = mx; pp[1] = lt; }
+    const long long th = (long long)tok * n_head + h;
+    const int stride = head_dim + 2;
+    float* pp = part + th * n_split * stride;
+    if (lane == 0) { pp[z * stride] = mx; pp[z * stride + 1] = lt; }
     for (int e = 0; e < per; ++e) {
         float a = 0.f;
 #pragma unroll
         for (int i = 0; i < WARPS; ++i) a += f[i] * s_acc[i][e * 32 + lane];
-        pp[2 + e * 32 + lane] = a;
+        pp[z * stride + 2 + e * 32 + lane] = a;
     }
-}
-
-extern "C" __global__ void __launch_bounds__(32)
-attention_combine(const float* __restrict__ part, float* __restrict__ out, int n_head, int head_dim, int n_split) {
-    constexpr int MAXE = 8;
-    const int lane = threadIdx.x, per = head_dim / 32, stride = head_dim + 2;
-    const long long th = (long long)blockIdx.x * n_head + blockIdx.y;
-    const float* pp = part + th * n_split * stride;
-    float mx = NEG_INF;
-    for (int z = 0; z < n_split; ++z) mx = fmaxf(mx, pp[z * stride]);   // chunk 0 always has keys: mx is finite
-    float l = 0.f, acc[MAXE];
+    __threadfence();                                   // this chunk's state is visible before the ticket
+    int ticket = 0;
+    if (lane == 0) ticket = atomicAdd(&counters[th], 1);
+    ticket = __shfl_sync(0xffffffffu, ticket, 0);
+    if (ticket != n_split - 1) return;
+    __threadfence();
+    if (lane == 0) counters[th] = 0;
+    // the last block: lane i < n_split holds chunk i's max and sum (chunk 0 always has keys: the max is finite)
+    const float mz = lane < n_split ? __ldcg(pp + lane * stride) : NEG_INF;
+    float mall = mz;
 #pragma unroll
-    for (int e = 0; e < MAXE; ++e) acc[e] = 0.f;
-    for (int z = 0; z < n_split; ++z) {
-        const float f = expf(pp[z * stride] - mx);
-        l += f * pp[z * stride + 1];
+    for (int o = 16; o > 0; o >>= 1) mall = fmaxf(mall, __shfl_xor_sync(0xffffffffu, mall, o));
+    const float fz = lane < n_split ? expf(mz - mall) : 0.f;
+    float lsum = lane < n_split ? fz * __ldcg(pp + lane * stride + 1) : 0.f;
 #pragma unroll
-        for (int e = 0; e < MAXE; ++e) if (e < per) acc[e] += f * pp[z * stride + 2 + e * 32 + lane];
-    }
+    for (int o = 16; o > 0; o >>= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, o);
     float* oh = out + th * head_dim;
-#pragma unroll
-    for (int e = 0; e < MAXE; ++e) if (e < per) oh[e * 32 + lane] = acc[e] / l;
+    for (int e = 0; e < per; ++e) {
+        float a = 0.f;
+        for (int zz = 0; zz < n_split; ++zz)
+            a += __shfl_sync(0xffffffffu, fz, zz) * __ldcg(pp + zz * stride + 2 + e * 32 + lane);
+        oh[e * 32 + lane] = a / lsum;
+    }
 }
 
 __host__ __device__ constexpr int prefill_smem_floats(int d) { return 2 * 32 * (d + 1) + 32 * d + 32 * 33; }
@@ -260,6 +266,6 @@ INSTANTIATE_PREFILL(float, 64) INSTANTIATE_PREFILL(float, 128) INSTANTIATE_PREFI
         int, int, float, int); \
     template __global__ void attention_split<KV>(const float* __restrict__, const KV* __restrict__, \
         const KV* __restrict__, float* __restrict__, const int* __restrict__, const int* __restrict__, int, int, \
-        int, int, float, int);
+        int, int, float, int, float* __restrict__, int* __restrict__);
 INSTANTIATE_ATTENTION(u16)
 INSTANTIATE_ATTENTION(float)

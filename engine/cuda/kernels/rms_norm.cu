@@ -3,41 +3,45 @@
 // add_rms_norm: the residual add fused with the norm that follows it (one pass instead of two):
 //   s = x + r, or x + rms_norm(r) * wr when wr is given (Gemma 3's post-norms); y = rms_norm(s) * w
 //   x, r, s, y : [rows, d] f32; w, wr : [d] f32 (wr may be null)
-// Launch rule (both): one block of 256 threads per row; the row is reduced in fp32 through shared memory.
+//   When qs is not null, y is also written as q8_1 blocks for MMVQ (exactly as quantize_q8_1 writes them, d a
+//   multiple of 32): qs : [rows, d] int8, ds : [rows, d/16] float2.
+// Launch rule (both): one block per row, a multiple of 32 threads up to 1024 (norm_threads in backends/cuda.py: about
+// two values per thread, so one short row still spreads over many warps); fp32 reduction through shared memory.
 #include "common.cuh"
 
-__device__ __forceinline__ float block_sum_256(float s) {
-    __shared__ float warp_sums[8];
+__device__ __forceinline__ float block_sum(float s) {
+    __shared__ float warp_sums[32];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     __syncthreads();                                   // warp_sums may still be read by a previous call
     if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = s;
     __syncthreads();
     float total = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) total += warp_sums[i];
+    const int warps = blockDim.x >> 5;
+    for (int i = 0; i < warps; ++i) total += warp_sums[i];
     return total;
 }
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(1024)
 rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, int d, float eps) {
     const float* xr = x + (long long)blockIdx.x * d;
     float* yr = y + (long long)blockIdx.x * d;
     float s = 0.f;
     for (int i = threadIdx.x; i < d; i += blockDim.x) s += xr[i] * xr[i];
-    const float inv = 1.0f / sqrtf(block_sum_256(s) / (float)d + eps);
+    const float inv = 1.0f / sqrtf(block_sum(s) / (float)d + eps);
     for (int i = threadIdx.x; i < d; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
 }
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(1024)
 add_rms_norm(const float* __restrict__ x, const float* __restrict__ r, const float* __restrict__ wr,
-             const float* __restrict__ w, float* __restrict__ s_out, float* __restrict__ y, int d, float eps) {
+             const float* __restrict__ w, float* __restrict__ s_out, float* __restrict__ y,
+             signed char* __restrict__ qs, float2* __restrict__ ds, int d, float eps) {
     const long long row = (long long)blockIdx.x * d;
     float r_inv = 1.f;
     if (wr != nullptr) {
         float ss = 0.f;
         for (int i = threadIdx.x; i < d; i += blockDim.x) ss += r[row + i] * r[row + i];
-        r_inv = 1.0f / sqrtf(block_sum_256(ss) / (float)d + eps);
+        r_inv = 1.0f / sqrtf(block_sum(ss) / (float)d + eps);
     }
     float ss = 0.f;
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
@@ -45,6 +49,21 @@ add_rms_norm(const float* __restrict__ x, const float* __restrict__ r, const flo
         s_out[row + i] = v;
         ss += v * v;
     }
-    const float inv = 1.0f / sqrtf(block_sum_256(ss) / (float)d + eps);
-    for (int i = threadIdx.x; i < d; i += blockDim.x) y[row + i] = s_out[row + i] * inv * w[i];
+    const float inv = 1.0f / sqrtf(block_sum(ss) / (float)d + eps);
+    const int lane = threadIdx.x & 31;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {    // every lane of a warp takes the same trips
+        const float v = s_out[row + i] * inv * w[i];
+        y[row + i] = v;
+        if (qs == nullptr) continue;
+        float amax = fabsf(v);                             // lanes hold 32 consecutive values: one q8_1 block
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const float dq = amax / 127.f;
+        const int q = amax == 0.f ? 0 : (int)roundf(v / dq);
+        qs[row + i] = (signed char)q;
+        int sum = q;
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if ((lane & 15) == 0) ds[(row + i - lane) / 16 + (lane >> 4)] = make_float2(dq, dq * (float)sum);
+    }
 }

@@ -32,3 +32,48 @@ extern "C" __global__ void rope(const float* __restrict__ x, float* __restrict__
         yt[h * head_dim + ib] = a * s + b * c;
     }
 }
+
+// rope_qk: the q and k of a batch in one launch, each head optionally RMS-normed first (Gemma 3's q_norm, k_norm).
+//   q : [n, n_head, head_dim], k : [n, n_kv, head_dim] f32 -> yq, yk (same shapes); q_norm, k_norm : [head_dim] f32
+//   or null; inv_freq : [n_rot/2] f64, base^(-2i/n_rot) as numpy computes it; positions : [n] int32 (on the device)
+// Thread i of a head's block owns one pair of dims: rotated pair i (i < n_rot/2) or two tail dims.
+// Launch rule: grid (n, n_head + n_kv), block head_dim/2 threads (head_dim a multiple of 64, at most 256).
+extern "C" __global__ void __launch_bounds__(128)
+rope_qk(const float* __restrict__ q, const float* __restrict__ k, float* __restrict__ yq, float* __restrict__ yk,
+        const float* __restrict__ q_norm, const float* __restrict__ k_norm, const double* __restrict__ inv_freq,
+        const int* __restrict__ positions, int n_head, int n_kv, int head_dim, int n_rot, int neox, float eps) {
+    __shared__ float warp_sums[4];
+    const int tok = blockIdx.x, is_k = blockIdx.y >= n_head;
+    const int h = is_k ? blockIdx.y - n_head : blockIdx.y, heads = is_k ? n_kv : n_head;
+    const long long off = ((long long)tok * heads + h) * head_dim;
+    const float* x = (is_k ? k : q) + off;
+    float* y = (is_k ? yk : yq) + off;
+    const float* nw = is_k ? k_norm : q_norm;
+    const int i = threadIdx.x, half = n_rot / 2;
+    const bool rot = i < half;
+    const int ia = rot ? (neox ? i : 2 * i) : n_rot + 2 * (i - half);
+    const int ib = rot ? (neox ? i + half : 2 * i + 1) : ia + 1;
+    float a = x[ia], b = x[ib];
+    if (nw != nullptr) {
+        float s = a * a + b * b;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if ((i & 31) == 0) warp_sums[i >> 5] = s;
+        __syncthreads();
+        float total = 0.f;
+        for (int w = 0; w < (int)(blockDim.x >> 5); ++w) total += warp_sums[w];
+        const float inv = 1.0f / sqrtf(total / (float)head_dim + eps);
+        a = a * inv * nw[ia];
+        b = b * inv * nw[ib];
+    }
+    if (rot) {
+        double sn, cs;
+        sincos((double)positions[tok] * inv_freq[i], &sn, &cs);
+        const float c = (float)cs, s = (float)sn;
+        const float ra = a * c - b * s, rb = a * s + b * c;
+        a = ra;
+        b = rb;
+    }
+    y[ia] = a;
+    y[ib] = b;
+}
