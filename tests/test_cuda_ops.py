@@ -81,8 +81,10 @@ def test_rope(backends, neox):
 
 # (mixed) two sequences in slots 1 and 0: a 6-token prefill continuing at position 3 and a one-token decode at 10,
 # few queries: the split-over-keys kernel; (prefill) 100 tokens of slot 0 from position 20: the tiled prefill
-# kernel; (two) 60 tokens of each of two slots: one warp per query
+# kernel; (two) 60 tokens of each of two slots: one warp per query; (decode) two decode steps deep in the context:
+# several chunks of keys per head
 ATTENTION_BATCHES = {"mixed": ([1] * 6 + [0], list(range(3, 9)) + [10]),
+                     "decode": ([0, 1], [100, 90]),
                      "prefill": ([0] * 100, list(range(20, 120))),
                      "two": ([1] * 60 + [0] * 60, list(range(60)) + list(range(5, 65)))}
 
@@ -109,8 +111,14 @@ def test_attention(backends, window, kind, d):
         gcache = gpu.kv_cache(1, 2, n_ctx, n_kv, d)
         gcache.k[0][:] = cp.asarray(history[0]).astype(gcache.k[0].dtype)
         gcache.v[0][:] = cp.asarray(history[1]).astype(gcache.v[0].dtype)
-        out = gpu.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), gcache, 0, batch, 0.125, window).get()
+        res = gpu.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), gcache, 0, batch, 0.125, window)
+        out = res.get()
         assert nmse(out, ref) < bound, (gpu.kv_dtype, nmse(out, ref))
+        if gpu.acts.x is res:                           # the split kernel also wrote the output's q8_1 blocks
+            from engine.cuda import launch
+            qs, ds = gpu.acts.q8_1(res)
+            ref_qs, ref_ds = launch.quantize_q8_1(res)
+            assert cp.array_equal(qs, ref_qs) and cp.array_equal(ds, ref_ds)
 
 
 def test_glu_and_embed(backends):

@@ -181,8 +181,12 @@ class CUDABackend(Backend):
                                                     np.int32(window or 0)), shared_mem=smem)
         elif n_split >= 2:
             part = cp.empty((n, n_head, n_split, d + 2), cp.float32)  # per chunk: max, sum, output[head_dim]
+            q8 = (cp.empty((n, n_head * d), cp.int8), cp.empty((n, n_head * d // 8), cp.float32))  # out as q8_1
             kernel("attention", f"attention_split<{kt}>")((n, n_head, n_split), (32, 4),
-                                                           (q, *args, out, *tail, part, self._tickets))
+                                                           (q, *args, out, *tail, part, self._tickets, *q8))
+            out = out.reshape(n, n_head * d)
+            self.acts.put_q8_1(out, q8)
+            return out
         else:
             kernel("attention", f"attention<{kt}>")((n, n_head), (32,), (q, *args, out, *tail))
         return out.reshape(n, n_head * d)

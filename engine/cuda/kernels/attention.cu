@@ -12,9 +12,11 @@
 // attention_split: the same attention for few query tokens (decode), split over the keys so that
 // n * n_head * n_split blocks fill the GPU. Block z of a (token, head) takes the z-th of n_split equal chunks of the
 // token's keys (chunk sizes follow the position read on the device, so a CUDA graph stays valid as the context
-// grows); its 4 warps take every 4th key of the chunk and merge their softmax states through shared memory, then
-// write the chunk's state to part. The last block of the (token, head) to finish (a ticket from counters, which it
-// resets to 0 for the next launch) merges the n_split states into out.
+// grows); only as many chunks as give each at least MIN_SPLIT_KEYS keys are used (the other blocks return at once).
+// A block's 4 warps take every 4th key of its chunk and merge their softmax states through shared memory, then write
+// the chunk's state to part. The last block of the (token, head) to finish (a ticket from counters, which it resets
+// to 0 for the next launch) merges the chunks' states into out, and, when qs is not null, writes out's q8_1 blocks
+// (qs : [n, n_head * head_dim] int8, ds : [n, n_head * head_dim / 16] float2, as quantize_q8_1 writes them).
 //   part : [n, n_head, n_split, head_dim + 2] f32, per chunk (max score m, sum l, unnormalized output[head_dim])
 //   counters : [n * n_head] int32, zero before the launch (and after it)
 //   Launch rule: grid (n, n_head, n_split), n_split <= 32, block (32, 4).
@@ -30,6 +32,7 @@
 #include "common.cuh"
 
 #define NEG_INF __int_as_float(0xff800000)
+#define MIN_SPLIT_KEYS 16
 
 template <typename KV> __device__ __forceinline__ float kv_load(const KV* p);
 template <> __device__ __forceinline__ float kv_load<u16>(const u16* p) { return h2f(*p); }
@@ -101,7 +104,7 @@ __global__ void __launch_bounds__(128)
 attention_split(const float* __restrict__ q, const KV* __restrict__ cache_k, const KV* __restrict__ cache_v,
                 float* __restrict__ out, const int* __restrict__ seq_ids, const int* __restrict__ positions,
                 int n_head, int n_kv, int head_dim, int n_ctx, float scale, int window, float* __restrict__ part,
-                int* __restrict__ counters) {
+                int* __restrict__ counters, signed char* __restrict__ qs, float2* __restrict__ ds) {
     constexpr int MAXE = 8, WARPS = 4;
     __shared__ float s_m[WARPS], s_l[WARPS], s_acc[WARPS][MAXE * 32];
     const int tok = blockIdx.x, h = blockIdx.y, z = blockIdx.z, n_split = gridDim.z;
@@ -109,7 +112,9 @@ attention_split(const float* __restrict__ q, const KV* __restrict__ cache_k, con
     const int per = head_dim / 32, kvh = h / (n_head / n_kv);
     const int p = positions[tok];
     const int lo = window > 0 ? max(0, p - window + 1) : 0;
-    const int chunk = (p - lo + 1 + n_split - 1) / n_split;
+    const int active = min(n_split, (p - lo + MIN_SPLIT_KEYS) / MIN_SPLIT_KEYS);   // chunks of >= 16 keys
+    if (z >= active) return;
+    const int chunk = (p - lo + 1 + active - 1) / active;
     const int j0 = lo + z * chunk, j1 = min(p + 1, j0 + chunk);
     const float* qh = q + ((long long)tok * n_head + h) * head_dim;
     float qv[MAXE], acc[MAXE];
@@ -144,24 +149,38 @@ attention_split(const float* __restrict__ q, const KV* __restrict__ cache_k, con
     int ticket = 0;
     if (lane == 0) ticket = atomicAdd(&counters[th], 1);
     ticket = __shfl_sync(0xffffffffu, ticket, 0);
-    if (ticket != n_split - 1) return;
+    if (ticket != active - 1) return;
     __threadfence();
     if (lane == 0) counters[th] = 0;
-    // the last block: lane i < n_split holds chunk i's max and sum (chunk 0 always has keys: the max is finite)
-    const float mz = lane < n_split ? __ldcg(pp + lane * stride) : NEG_INF;
+    // the last block: lane i < active holds chunk i's max and sum (chunk 0 always has keys: the max is finite)
+    const float mz = lane < active ? __ldcg(pp + lane * stride) : NEG_INF;
     float mall = mz;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mall = fmaxf(mall, __shfl_xor_sync(0xffffffffu, mall, o));
-    const float fz = lane < n_split ? expf(mz - mall) : 0.f;
-    float lsum = lane < n_split ? fz * __ldcg(pp + lane * stride + 1) : 0.f;
+    const float fz = lane < active ? expf(mz - mall) : 0.f;
+    float lsum = lane < active ? fz * __ldcg(pp + lane * stride + 1) : 0.f;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, o);
     float* oh = out + th * head_dim;
     for (int e = 0; e < per; ++e) {
         float a = 0.f;
-        for (int zz = 0; zz < n_split; ++zz)
+        for (int zz = 0; zz < active; ++zz)
             a += __shfl_sync(0xffffffffu, fz, zz) * __ldcg(pp + zz * stride + 2 + e * 32 + lane);
-        oh[e * 32 + lane] = a / lsum;
+        const float v = a / lsum;
+        oh[e * 32 + lane] = v;
+        if (qs != nullptr) {                            // q8_1 blocks of the output (the next mul_mat's input)
+            float amax = fabsf(v);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            const float dq = amax / 127.f;
+            const int qv8 = amax == 0.f ? 0 : (int)roundf(v / dq);
+            const long long at = th * head_dim + e * 32;   // this block's first value in [n, n_head * head_dim]
+            qs[at + lane] = (signed char)qv8;
+            int sum = qv8;
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            if ((lane & 15) == 0) ds[at / 16 + (lane >> 4)] = make_float2(dq, dq * (float)sum);
+        }
     }
 }
 
@@ -266,6 +285,7 @@ INSTANTIATE_PREFILL(float, 64) INSTANTIATE_PREFILL(float, 128) INSTANTIATE_PREFI
         int, int, float, int); \
     template __global__ void attention_split<KV>(const float* __restrict__, const KV* __restrict__, \
         const KV* __restrict__, float* __restrict__, const int* __restrict__, const int* __restrict__, int, int, \
-        int, int, float, int, float* __restrict__, int* __restrict__);
+        int, int, float, int, float* __restrict__, int* __restrict__, signed char* __restrict__, \
+        float2* __restrict__);
 INSTANTIATE_ATTENTION(u16)
 INSTANTIATE_ATTENTION(float)
