@@ -99,11 +99,13 @@ class Runtime:
             outs.append(self.backend.to_numpy(self.backend.forward(self.model, batch, self.cache)))
         return np.concatenate(outs, axis=0) if outs else None
 
-    def decode(self, seqs: list[int], tokens: list[int], positions: list[int]) -> np.ndarray:
-        """One decode step for several sequences, one new token each -> logits [len(seqs), n_vocab]."""
+    def decode(self, seqs: list[int], tokens: list[int], positions: list[int], greedy: bool = False) -> np.ndarray:
+        """One decode step for several sequences, one new token each -> logits [len(seqs), n_vocab], or with
+        greedy=True each sequence's argmax token [len(seqs)] (taken on the device: the logits stay there)."""
         n = len(tokens)
         batch = Batch.make(tokens, positions, seqs, np.arange(n))
-        return self.backend.to_numpy(self.backend.forward(self.model, batch, self.cache))
+        logits = self.backend.forward(self.model, batch, self.cache)
+        return self.backend.argmax(logits) if greedy else self.backend.to_numpy(logits)
 
     # -- generation --------------------------------------------------------------------------------------------
     def is_end_of_generation(self, tid: int) -> bool:
@@ -122,9 +124,9 @@ class Runtime:
         t1 = time.perf_counter()
         state.timings.prompt_tokens, state.timings.prompt_seconds = len(prompt), t1 - t0
         pos = len(prompt)
-        t_first = None
+        t_first, next_tid = None, None
         while len(state.tokens) < max_tokens:
-            tid = sampler(logits, history)
+            tid = sampler(logits, history) if logits is not None else next_tid
             now = time.perf_counter()
             if t_first is None:
                 t_first, state.timings.time_to_first_token = now, now - t0
@@ -137,6 +139,10 @@ class Runtime:
             yield tid
             if len(state.tokens) >= max_tokens or pos >= self.n_ctx:
                 break
-            logits = self.decode([seq], [tid], [pos])[0]
+            if sampler.is_greedy:
+                logits = None
+                next_tid = int(self.decode([seq], [tid], [pos], greedy=True)[0])
+            else:
+                logits = self.decode([seq], [tid], [pos])[0]
             pos += 1
         state.finish_reason = "length"

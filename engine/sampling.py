@@ -39,6 +39,13 @@ class Sampler:
         self.p = params
         self.rng = np.random.default_rng(params.seed)
 
+    @property
+    def is_greedy(self) -> bool:
+        """argmax of the raw logits: temperature 0 and no penalties (the backend may take the argmax itself)."""
+        p = self.p
+        return p.temperature <= 0 and p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and \
+            p.frequency_penalty == 0.0
+
     def apply_penalties(self, logits: np.ndarray, history: list[int]) -> np.ndarray:
         p = self.p
         if not history or (p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0):

@@ -140,6 +140,10 @@ class Backend:
         The CUDA backend replays decode steps as CUDA graphs here."""
         return model.forward(batch, cache)
 
+    def argmax(self, logits) -> np.ndarray:
+        """Row-wise argmax of backend logits [n, n_vocab] -> int64 [n] (the first maximum, as numpy)."""
+        return np.argmax(self.to_numpy(logits), axis=-1)
+
     def to_numpy(self, x) -> np.ndarray:
         """float32 numpy copy of a backend array (logits)."""
         raise NotImplementedError

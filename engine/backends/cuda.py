@@ -206,6 +206,9 @@ class CUDABackend(Backend):
     def rows(self, x, idx):
         return x[self._dev(idx)]
 
+    def argmax(self, logits):
+        return cp.argmax(logits, axis=-1).get().astype(np.int64)     # only n ids cross to the host
+
     def to_numpy(self, x):
         return cp.asnumpy(x).astype(np.float32, copy=False)
 
