@@ -19,8 +19,8 @@ for m in smollm2-135m gemma3-270m /tmp/models/synth-1b.gguf /tmp/models/synth-8b
   python3 -m engine.cli bench $m -p 512 -n 128 -r 5 --device cuda 2>&1 | tail -2
   python3 scripts/profile_step.py $m > "$OUT/profile-$(basename $m .gguf).txt" 2>&1
 done 2>&1 | tee "$OUT/bench.log"
-echo "# every mul_mat forced to dequantize + cuBLAS (the small models' prefill otherwise takes MMQ):"
+echo "# every mul_mat forced to MMQ (the prefill otherwise takes dequantize + cuBLAS above 8 tokens):"
 for m in smollm2-135m gemma3-270m; do
-  ENGINE_MUL_MAT_PATH=dequant python3 -m engine.cli bench $m -p 512 -n 0 -r 5 --device cuda 2>&1 | tail -1
+  ENGINE_MUL_MAT_PATH=mmq python3 -m engine.cli bench $m -p 512 -n 0 -r 5 --device cuda 2>&1 | tail -1
 done 2>&1 | tee -a "$OUT/bench.log"
 grep -h -E "^==|prefill|decode" "$OUT"/profile-*.txt

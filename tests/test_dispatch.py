@@ -1,7 +1,7 @@
 """The mul_mat dispatch table (no GPU needed: the choice is made from the weight's type and shape)."""
 import pytest
 
-from engine.cuda.dispatch import THRESHOLDS, choose_path, resolve_path
+from engine.cuda.dispatch import choose_path, resolve_path
 from engine.cuda.weights import GPUWeight
 from engine.quants import GGMLType
 
@@ -14,12 +14,11 @@ def weight(t, m, k):
 
 def test_sm90_table():
     small, large = weight(GGMLType.Q4_K, 576, 1536), weight(GGMLType.Q4_K, 4096, 14336)
-    assert THRESHOLDS[SM90]["mmq_max_elems"] >= 576 * 1536
     for n in (1, 5, 8):
         assert choose_path(small, n, SM90) == "mmvq" and choose_path(large, n, SM90) == "mmvq"
-    for n in (9, 64, 512):
-        assert choose_path(small, n, SM90) == "mmq"          # one kernel, graph-capturable
-        assert choose_path(large, n, SM90) == "dequant"      # dequantize + cuBLAS: 2-5x our MMQ at this size
+    for n in (9, 64, 512):                                   # dequantize + cuBLAS: 2-5x our MMQ, f16 activations
+        assert choose_path(small, n, SM90) == "dequant" and choose_path(large, n, SM90) == "dequant"
+    assert choose_path(weight(GGMLType.IQ4_XS, 64, 256), 1, SM90) == "mmvq"
     f16 = weight(GGMLType.F16, 4096, 4096)
     assert choose_path(f16, 8, SM90) == "mmvf" and choose_path(f16, 9, SM90) == "cublas"
 

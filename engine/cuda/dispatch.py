@@ -3,7 +3,7 @@
     float weights, n <= 8          -> MMVF
     float weights, n > 8           -> cuBLAS
     quantized, n <= mmvq_max(T)    -> MMVQ (weights read once for all columns)
-    quantized, n >= mmq_min(T)     -> MMQ (int8 tensor cores); also any n for small matrices (mmq_max_elems)
+    quantized, n >= mmq_min(T)     -> MMQ (int8 tensor cores)
     otherwise                      -> dequantize to f16 + cuBLAS
 
 Force a path for tests and benchmarks with `mul_mat(..., path=...)` or ENGINE_MUL_MAT_PATH=mmvq|mmq|dequant.
@@ -16,14 +16,13 @@ from . import launch
 from .build import QTYPES
 from .weights import GPUWeight
 
-# Per compute capability: the largest column count MMVQ takes, the smallest MMQ takes (per type; None = never), and
-# the largest matrix (m * k elements) MMQ takes at any column count above MMVQ's.
-# From `scripts/bench_kernels.py --compare` on the H200 (BENCHMARKS.md): at m = 4096, k = 14336, every n from 16 to
-# 512 and every type, dequantize+cuBLAS beat our MMQ by 2-5x; but a whole SmolLM2 prefill (matrices up to 1536 x 576)
-# ran 31.0k t/s on MMQ against 28.3k on dequantize+cuBLAS (`engine bench -p 512`), where one kernel replaces three
-# (dequantize, activation cast, GEMM) and no cuBLAS call stands in the way of a CUDA graph.
+# Per compute capability: the largest column count MMVQ takes, and the smallest MMQ takes (per type; None = never).
+# From `scripts/bench_kernels.py --compare` on the H200 (BENCHMARKS.md): at every n from 16 to 512 and every type,
+# dequantize+cuBLAS beat our MMQ by 2-5x, so sm_90 takes that path above 8 columns until MMQ improves. (A whole
+# SmolLM2 prefill ran faster on MMQ, 31.0k against 28.3k t/s, but MMQ multiplies q8_1-rounded activations, the rounding
+# behind llama.cpp's KL of 0.0157 from the exact model: dequantize+cuBLAS keeps the prefill at 0.00006.)
 THRESHOLDS = {
-    (9, 0): {"mmvq_max": {}, "mmvq_default": 8, "mmq_min": {}, "mmq_default": None, "mmq_max_elems": 1 << 21},
+    (9, 0): {"mmvq_max": {}, "mmvq_default": 8, "mmq_min": {}, "mmq_default": None},
 }
 DEFAULT_ARCH = (9, 0)
 PATHS = ("mmvf", "cublas", "mmvq", "mmq", "dequant")
@@ -44,8 +43,6 @@ def choose_path(w: GPUWeight, n: int, arch: tuple[int, int] | None = None) -> st
     table = THRESHOLDS.get(arch or _arch(), THRESHOLDS[DEFAULT_ARCH])
     if n <= table["mmvq_max"].get(int(w.type), table["mmvq_default"]):
         return "mmvq"
-    if w.m * w.k <= table["mmq_max_elems"]:
-        return "mmq"
     mmq_min = table["mmq_min"].get(int(w.type), table["mmq_default"])
     return "mmq" if mmq_min is not None and n >= mmq_min else "dequant"
 
