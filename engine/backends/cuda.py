@@ -2,8 +2,7 @@
 
 mul_mat goes through engine/cuda/dispatch.py; the KV cache is f16 (f32 with kv_f32=True); activations are f32 and
 treated as immutable (an array's q8_1 quantization is reused by the next mul_mat of the same array). All work runs on
-one stream of the backend; decode steps and repeated prefill ubatches are replayed as CUDA graphs
-(backends/cuda_graphs.py).
+one stream of the backend; decode steps are replayed as CUDA graphs (backends/cuda_graphs.py).
 """
 from __future__ import annotations
 

@@ -146,13 +146,7 @@ def gemm_xwt(x, w, out=None):
     ctype = {cp.dtype(cp.float16): 2, cp.dtype(cp.float32): 0}[cp.dtype(dt)]   # CUDA_R_16F, CUDA_R_32F
     one, zero = np.array(1.0, np.float32), np.array(0.0, np.float32)
     handle = cp.cuda.device.get_cublas_handle()
-    stream = cp.cuda.get_current_stream()
-    if stream.is_capturing():                 # CuPy's wrappers refuse; the handle is already on this stream
-        from .cublas_capture import CUBLAS_OP_N, CUBLAS_OP_T, gemm_ex
-        gemm_ex(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, one.ctypes.data, w.data.ptr, ctype, k, x.data.ptr, ctype,
-                k, zero.ctypes.data, y.data.ptr, 0, m)
-        return y
-    cublas.setStream(handle, stream.ptr)
+    cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
     cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, m, n, k,
                   one.ctypes.data, w.data.ptr, ctype, k, x.data.ptr, ctype, k,
                   zero.ctypes.data, y.data.ptr, 0, m, cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
