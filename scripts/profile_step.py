@@ -5,7 +5,8 @@
 
 prefill: one ubatch of --prompt tokens run eagerly with CUDA events around every backend operation (mul_mat split by
 the path dispatch takes); where the host enqueues ahead of the kernels (large models) the event times are GPU times,
-elsewhere they include launch gaps.
+elsewhere they include launch gaps. Where glu falls back to two mul_mats (above 8 tokens) their times are
+counted under both glu and mul_mat.
 decode: the mean wall time of a whole decode step (Runtime.decode: input copy, graph replay, logits copy), of the
 graph replay alone (launch + synchronize), and of an eager step (graphs off).
 """
