@@ -37,11 +37,9 @@ if not lines:
 rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
 rows = [row for row in rows if row.get("ID", "").isdigit()]
 key = next(k for k in rows[0] if "gpu__time_duration" in k)
-per = len(rows)
 # the last two decode steps launch the same kernels: take the last half of the final 2*s launches
 names = [row["Kernel Name"] for row in rows]
 times = [float(row[key].replace(",", "")) for row in rows]
-unit = "ns"
 step = None
 for s in range(len(names) // 2, 0, -1):
     if names[-s:] == names[-2 * s:-s]:
@@ -56,7 +54,7 @@ for nm, t in zip(names[-step:], times[-step:]):
     totals[short] += t
     counts[short] += 1
 total = sum(totals.values())
-print(f"{sys.argv[1]}: one decode step = {step} kernels, {total / 1000:.1f} us of kernel time ({unit} from ncu)")
+print(f"{sys.argv[1]}: one decode step = {step} kernels, {total / 1000:.1f} us of kernel time (from ncu)")
 for nm in sorted(totals, key=totals.get, reverse=True):
     print(f"  {nm:<62} {counts[nm]:>4} x {totals[nm] / counts[nm] / 1000:7.2f} us = {totals[nm] / 1000:8.1f} us "
           f"{100 * totals[nm] / total:5.1f} %")

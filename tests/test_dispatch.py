@@ -1,7 +1,7 @@
 """The mul_mat dispatch table (no GPU needed: the choice is made from the weight's type and shape)."""
 import pytest
 
-from engine.cuda.dispatch import choose_path, resolve_path
+from engine.cuda.dispatch import Activations, choose_path, resolve_path
 from engine.cuda.weights import GPUWeight
 from engine.quants import GGMLType
 
@@ -34,3 +34,14 @@ def test_forced_paths(monkeypatch):
     monkeypatch.setenv("ENGINE_MUL_MAT_PATH", "bogus")
     with pytest.raises(ValueError, match="unknown mul_mat path"):
         resolve_path(w, 3)
+
+
+def test_activation_forms_follow_the_last_array():
+    """A kernel's q8_1 output is reused for the same array only; another array starts afresh."""
+    acts, x, y = Activations(), object(), object()
+    acts.put_q8_1(x, ("qs", "ds"))
+    assert acts.q8_1(x) == ("qs", "ds")
+    acts.put_q8_1(y, ("qs2", "ds2"))
+    assert acts.forms == {("q8_1", None): ("qs2", "ds2")} and acts.x is y
+    acts.clear()
+    assert acts.x is None and acts.forms == {}

@@ -54,21 +54,23 @@ class Activations:
     def __init__(self):
         self.x, self.forms = None, {}
 
-    def _get(self, x, key, make):
+    def _forms_of(self, x) -> dict:
         if self.x is not x:
             self.x, self.forms = x, {}
-        if key not in self.forms:
-            self.forms[key] = make()
-        return self.forms[key]
+        return self.forms
+
+    def _get(self, x, key, make):
+        forms = self._forms_of(x)
+        if key not in forms:
+            forms[key] = make()
+        return forms[key]
 
     def q8_1(self, x, n_pad=None):
         return self._get(x, ("q8_1", n_pad), lambda: launch.quantize_q8_1(x, n_pad))
 
     def put_q8_1(self, x, q8) -> None:
         """x's q8_1 blocks (qs, ds), made by the kernel that wrote x."""
-        if self.x is not x:
-            self.x, self.forms = x, {}
-        self.forms[("q8_1", None)] = q8
+        self._forms_of(x)[("q8_1", None)] = q8
 
     def f16(self, x):
         import cupy
