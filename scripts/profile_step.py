@@ -7,6 +7,7 @@ prefill: one ubatch of --prompt tokens run eagerly with CUDA events around every
 the path dispatch takes); where the host enqueues ahead of the kernels (large models) the event times are GPU times,
 elsewhere they include launch gaps. Where glu falls back to two mul_mats (above 8 tokens) their times are
 counted under both glu and mul_mat.
+Then the same ubatch replayed from a CUDA graph: the whole prefill call and the replay alone.
 decode: the mean wall time of a whole decode step (Runtime.decode: input copy, graph replay, logits copy), of the
 graph replay alone (launch + synchronize), and of an eager step (graphs off).
 """
@@ -68,6 +69,26 @@ def profile_prefill(rt, n):
 
     for label in sorted(totals, key=totals.get, reverse=True):
         print(f"  {label:<22} {counts[label]:>5} calls {totals[label]:8.3f} ms {100 * totals[label] / gpu:5.1f} %")
+    if B.graphs is None:
+        return
+    for _ in range(2):                                   # eager, then captured (the second ubatch of this length)
+        rt.prefill(tokens)
+    B.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        rt.prefill(tokens)
+    B.synchronize()
+    whole = (time.perf_counter() - t0) / 10
+    line = f"prefill {n} tokens from a graph: whole call {whole * 1e3:.2f} ms ({n / whole:,.0f} t/s)"
+    if B.graphs.prefill:
+        graph = next(reversed(B.graphs.prefill.values()))
+        t0 = time.perf_counter()
+        for _ in range(10):
+            graph.graph.launch(stream=B.stream)
+        B.synchronize()
+        replay = (time.perf_counter() - t0) / 10
+        line += f", graph replay alone {replay * 1e3:.2f} ms ({n / replay:,.0f} t/s)"
+    print(line)
 
 
 def profile_decode(rt, steps):

@@ -89,7 +89,7 @@ ATTENTION_BATCHES = {"mixed": ([1] * 6 + [0], list(range(3, 9)) + [10]),
                      "two": ([1] * 60 + [0] * 60, list(range(60)) + list(range(5, 65)))}
 
 
-@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("window", [None, 5, 70])
 @pytest.mark.parametrize("kind", ATTENTION_BATCHES)
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_attention(backends, window, kind, d):

@@ -2,7 +2,8 @@
 
 mul_mat goes through engine/cuda/dispatch.py; the KV cache is f16 (f32 with kv_f32=True); activations are f32 and
 treated as immutable (an array's q8_1 quantization is reused by the next mul_mat of the same array). All work runs on
-one stream of the backend; decode steps are replayed as CUDA graphs (backends/cuda_graphs.py).
+one stream of the backend; decode steps and repeated prefill ubatches are replayed as CUDA graphs
+(backends/cuda_graphs.py).
 """
 from __future__ import annotations
 
@@ -172,13 +173,12 @@ class CUDABackend(Backend):
                 np.float32(scale), np.int32(window or 0))
         n_split = min(32, 4 * self.n_sm // (n * n_head))           # few queries (decode): split over the keys
         if n_split < 2 and d in PREFILL_HEAD_DIMS and batch.is_one_run():  # a prefill ubatch: tiled
-            fn = kernel("attention", f"attention_prefill<{kt}, {d}>")
-            smem = (2 * 32 * (d + 1) + 32 * d + 32 * 33) * 4             # attention.cu prefill_smem_floats(d)
-            if fn.max_dynamic_shared_size_bytes < smem:
-                fn.max_dynamic_shared_size_bytes = smem
-            fn(((n + 31) // 32, n_head), (128,), (q, *args, out, seq_ids, positions, np.int32(n), np.int32(n_head),
-                                                    np.int32(n_kv), np.int32(cache.n_ctx), np.float32(scale),
-                                                    np.int32(window or 0)), shared_mem=smem)
+            pargs = (q, *args, out, seq_ids, positions, np.int32(n), np.int32(n_head), np.int32(n_kv),
+                     np.int32(cache.n_ctx), np.float32(scale), np.int32(window or 0))
+            if kt == "u16":                                           # f16 tensor cores
+                launch.attention_prefill_mma(d, ((n + 15) // 16, n_head), pargs)
+            else:
+                launch.attention_prefill_simt(d, ((n + 31) // 32, n_head), pargs)
         elif n_split >= 2:
             part = cp.empty((n, n_head, n_split, d + 2), cp.float32)  # per chunk: max, sum, output[head_dim]
             q8 = (cp.empty((n, n_head * d), cp.int8), cp.empty((n, n_head * d // 8), cp.float32))  # out as q8_1

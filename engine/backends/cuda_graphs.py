@@ -1,6 +1,11 @@
-"""Decode steps replayed as CUDA graphs: 1..MAX_DECODE_BATCH sequences, one token each, every row's logits; one graph
-per batch size, captured at its first step. (Prefill ubatches are not captured: CuPy refuses cuBLAS calls during a
-capture, and above 8 tokens every mul_mat on sm_90 is dequantize + cuBLAS.)
+"""Forward passes replayed as CUDA graphs.
+
+Decode steps (1..MAX_DECODE_BATCH sequences, one token each, every row's logits) get one graph per batch size,
+captured at its first step. Prefill ubatches of one sequence (at least MIN_PREFILL tokens at consecutive positions,
+the last token's logits or none) get one graph per length, captured the second time that length comes (the ubatch
+size of a long prompt, a benchmark's prompt; the MAX_PREFILL_GRAPHS most recent kept). CuPy refuses its own cuBLAS
+wrappers during a capture: launch.gemm_xwt then calls cublasGemmEx through ctypes (cuda/cublas_capture.py). Should a
+capture fail anyway, steps of that kind run eagerly from then on (a model's prefill, after one failure).
 
 A capture first runs the step eagerly (compiling and loading kernels; its result is returned), then captures the same
 step; later steps copy their tokens, positions and sequence slots into the graph's input buffer and replay it. Every
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
 
 import cupy as cp
@@ -20,6 +26,8 @@ import numpy as np
 from .base import Batch
 
 MAX_DECODE_BATCH = 8       # the MMVQ range
+MIN_PREFILL = 64
+MAX_PREFILL_GRAPHS = 4
 
 
 @dataclass
@@ -28,8 +36,8 @@ class CapturedStep:
     addresses)."""
     graph: object          # cupy.cuda.Graph
     inputs: cp.ndarray     # [3, n] int32: tokens, positions, sequence slots
-    rows: cp.ndarray       # [n] int32: the logit rows, 0..n-1
-    logits: cp.ndarray     # [n, n_vocab] f32, written by every replay
+    rows: cp.ndarray       # [n_out] int32: the logit rows
+    logits: object         # [n_out, n_vocab] f32 written by every replay (None: a ubatch that only fills the cache)
     pool: cp.cuda.MemoryPool
     owners: tuple          # (model, cache): kept alive, so their ids (the key) are not reused
 
@@ -38,31 +46,57 @@ def graphs_enabled() -> bool:
     return os.environ.get("ENGINE_CUDA_GRAPHS", "1") != "0"
 
 
-def is_decode_step(batch: Batch) -> bool:
+def step_kind(batch: Batch) -> str | None:
+    """"decode", "last" (a prefill ubatch wanting its last logits), "fill" (one only filling the cache), or None."""
     n, rows = len(batch.tokens), batch.logit_rows
-    return 0 < n <= MAX_DECODE_BATCH and len(batch.seq_ranges) == n and len(rows) == n and \
-        bool(np.all(rows == np.arange(n)))
+    if 0 < n <= MAX_DECODE_BATCH and len(batch.seq_ranges) == n and len(rows) == n and \
+            bool(np.all(rows == np.arange(n))):
+        return "decode"
+    if n >= MIN_PREFILL and batch.is_one_run():
+        if len(rows) == 0:
+            return "fill"
+        if len(rows) == 1 and rows[0] == n - 1:
+            return "last"
+    return None
 
 
 class StepGraphs:
     def __init__(self, backend):
         self.backend = backend
         self.decode: dict[tuple, CapturedStep | None] = {}
+        self.prefill: OrderedDict[tuple, CapturedStep] = OrderedDict()
+        self.seen: defaultdict[tuple, int] = defaultdict(int)
+        self.no_prefill: set[int] = set()      # ids of models whose prefill capture failed
         self.replays = 0
         self.failures = 0
 
     def run(self, model, batch: Batch, cache):
-        """-> logits [n_out, n_vocab]; a decode step's are a graph's buffer, overwritten by its next replay."""
-        if not is_decode_step(batch):
+        """-> logits [n_out, n_vocab] (a graph's buffer, overwritten by its next replay: copy it out first)."""
+        kind = step_kind(batch)
+        if kind is None or (kind != "decode" and id(model) in self.no_prefill):
             return self._eager(model, batch, cache)
-        key = (id(model), id(cache), len(batch.tokens))
+        key = (id(model), id(cache), kind, len(batch.tokens))
+        table = self.decode if kind == "decode" else self.prefill
         host = np.stack([batch.tokens, batch.positions, batch.seq_ids]).astype(np.int32)   # [3, n]
-        if key not in self.decode:
-            logits, self.decode[key] = self._capture(model, cache, host, batch.logit_rows)
+        if key not in table:
+            self.seen[key] += 1
+            if kind != "decode" and self.seen[key] < 2:
+                return self._eager(model, batch, cache)
+            logits, step = self._capture(model, cache, host, batch.logit_rows)
+            if kind == "decode":
+                table[key] = step
+            elif step is None:
+                self.no_prefill.add(id(model))
+            else:
+                table[key] = step
+                if len(table) > MAX_PREFILL_GRAPHS:
+                    table.popitem(last=False)
             return logits
-        step = self.decode[key]
+        step = table[key]
         if step is None:                                      # its capture failed: eager from now on
             return self._eager(model, batch, cache)
+        if kind != "decode":
+            table.move_to_end(key)
         stream = self.backend.stream
         step.inputs.set(host, stream=stream)
         step.graph.launch(stream=stream)
@@ -78,7 +112,7 @@ class StepGraphs:
         pool = cp.cuda.MemoryPool()
         with stream:
             inputs = cp.asarray(host)                                         # [3, n] int32
-            rows = cp.asarray(logit_rows.astype(np.int32))                    # [n] int32
+            rows = cp.asarray(logit_rows.astype(np.int32))                    # [n_out] int32
         stream.synchronize()
         batch = Batch.make(host[0], host[1], host[2], logit_rows)
         for arr, dev in ((batch.tokens, inputs[0]), (batch.positions, inputs[1]), (batch.seq_ids, inputs[2]),
@@ -96,9 +130,10 @@ class StepGraphs:
                     finally:
                         graph = stream.end_capture()
                     graph.upload(stream)
-                except Exception as e:                                        # this size runs eagerly from now on
-                    print(f"engine: CUDA graph capture failed ({len(host[0])} tokens), running eagerly: {e}",
-                          file=sys.stderr)
+                except Exception as e:                                        # this shape runs eagerly from now on
+                    if not self.failures:
+                        print(f"engine: a CUDA graph capture failed ({len(host[0])} tokens); such steps run "
+                              f"eagerly: {e}", file=sys.stderr)
                     self.failures += 1
                     return eager, None
                 finally:

@@ -10,11 +10,12 @@ import re
 from pathlib import Path
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
-FAMILIES = ("quantize", "dequantize", "mmvq", "mmvf", "mmq", "rms_norm", "rope", "attention")
+FAMILIES = ("quantize", "dequantize", "mmvq", "mmvf", "mmq", "rms_norm", "rope", "attention",
+            "attention_mma")
 QTYPES = {"T_Q4_0": 2, "T_Q4_1": 3, "T_Q5_0": 6, "T_Q5_1": 7, "T_Q8_0": 8, "T_Q2_K": 10, "T_Q3_K": 11,
           "T_Q4_K": 12, "T_Q5_K": 13, "T_Q6_K": 14, "T_IQ4_NL": 20, "T_IQ4_XS": 23}
 NVRTC_OPTIONS = ("--std=c++17",)
-PREFILL_HEAD_DIMS = (64, 128, 256)     # kernels/attention.cu attention_prefill instantiations
+PREFILL_HEAD_DIMS = (64, 128, 256)     # attention_prefill (attention.cu), attention_prefill_mma instantiations
 
 
 class KernelBuildError(RuntimeError):
@@ -47,7 +48,9 @@ def name_expressions(family: str) -> list[str]:
         return ["rms_norm", "add_rms_norm"]
     if family == "attention":
         return [f"{k}<{t}>" for k in ("kv_store", "attention", "attention_split") for t in ("u16", "float")] + [
-            f"attention_prefill<{t}, {d}>" for t in ("u16", "float") for d in PREFILL_HEAD_DIMS]
+            f"attention_prefill<float, {d}>" for d in PREFILL_HEAD_DIMS]
+    if family == "attention_mma":
+        return [f"attention_prefill_mma<{d}>" for d in PREFILL_HEAD_DIMS]
     raise KeyError(family)
 
 

@@ -146,8 +146,32 @@ def gemm_xwt(x, w, out=None):
     ctype = {cp.dtype(cp.float16): 2, cp.dtype(cp.float32): 0}[cp.dtype(dt)]   # CUDA_R_16F, CUDA_R_32F
     one, zero = np.array(1.0, np.float32), np.array(0.0, np.float32)
     handle = cp.cuda.device.get_cublas_handle()
-    cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
+    stream = cp.cuda.get_current_stream()
+    if stream.is_capturing():                 # CuPy's wrappers refuse; the handle is already on this stream
+        from .cublas_capture import CUBLAS_OP_N, CUBLAS_OP_T, gemm_ex
+        gemm_ex(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, one.ctypes.data, w.data.ptr, ctype, k, x.data.ptr, ctype,
+                k, zero.ctypes.data, y.data.ptr, 0, m)
+        return y
+    cublas.setStream(handle, stream.ptr)
     cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, m, n, k,
                   one.ctypes.data, w.data.ptr, ctype, k, x.data.ptr, ctype, k,
                   zero.ctypes.data, y.data.ptr, 0, m, cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
     return y
+
+
+def _with_smem(fn, smem: int):
+    if fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    return fn
+
+
+def attention_prefill_mma(d: int, grid: tuple, args: tuple) -> None:
+    """kernels/attention_mma.cu attention_prefill_mma<d>: block 128, attention_mma_smem_bytes(d) of shared memory."""
+    smem = (16 + 2 * 64) * (d + 8) * 2                     # queries + K tile + V tile, f16 rows padded by 8
+    _with_smem(kernel("attention_mma", f"attention_prefill_mma<{d}>"), smem)(grid, (128,), args, shared_mem=smem)
+
+
+def attention_prefill_simt(d: int, grid: tuple, args: tuple) -> None:
+    """kernels/attention.cu attention_prefill<float, d> (an f32 cache): block 128, prefill_smem_floats(d) floats."""
+    smem = (2 * 32 * (d + 1) + 32 * d + 32 * 33) * 4
+    _with_smem(kernel("attention", f"attention_prefill<float, {d}>"), smem)(grid, (128,), args, shared_mem=smem)

@@ -21,7 +21,8 @@
 //   counters : [n * n_head] int32, zero before the launch (and after it)
 //   Launch rule: grid (n, n_head, n_split), n_split <= 32, block (32, 4).
 //
-// attention_prefill: many query tokens of one sequence at consecutive positions (a prefill ubatch), tiled: a block
+// attention_prefill: many query tokens of one sequence at consecutive positions (a prefill ubatch) with an f32 cache
+// (attention_mma.cu serves an f16 cache on tensor cores), tiled: a block
 // takes 32 queries of one head and streams their keys in tiles of 32 through shared memory (as f32); scores and
 // output in fp32 with an online softmax per query. Thread (r = tid / 4, c = tid % 4) owns query r: the scores of
 // keys c, c+4, ... of each tile and the output dims c, c+4, .... The sequence slot and the first position are
@@ -169,17 +170,8 @@ attention_split(const float* __restrict__ q, const KV* __restrict__ cache_k, con
         const float v = a / lsum;
         oh[e * 32 + lane] = v;
         if (qs != nullptr) {                            // q8_1 blocks of the output (the next mul_mat's input)
-            float amax = fabsf(v);
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-            const float dq = amax / 127.f;
-            const int qv8 = amax == 0.f ? 0 : (int)roundf(v / dq);
             const long long at = th * head_dim + e * 32;   // this block's first value in [n, n_head * head_dim]
-            qs[at + lane] = (signed char)qv8;
-            int sum = qv8;
-#pragma unroll
-            for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            if ((lane & 15) == 0) ds[at / 16 + (lane >> 4)] = make_float2(dq, dq * (float)sum);
+            warp_store_q8_1(v, lane, qs + at, ds + at / 16);
         }
     }
 }
@@ -274,7 +266,6 @@ attention_prefill(const float* __restrict__ q, const KV* __restrict__ cache_k, c
     template __global__ void attention_prefill<KV, D>(const float* __restrict__, const KV* __restrict__, \
         const KV* __restrict__, float* __restrict__, const int* __restrict__, const int* __restrict__, int, int, int, \
         int, float, int);
-INSTANTIATE_PREFILL(u16, 64) INSTANTIATE_PREFILL(u16, 128) INSTANTIATE_PREFILL(u16, 256)
 INSTANTIATE_PREFILL(float, 64) INSTANTIATE_PREFILL(float, 128) INSTANTIATE_PREFILL(float, 256)
 
 #define INSTANTIATE_ATTENTION(KV) \

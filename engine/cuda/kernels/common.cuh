@@ -45,6 +45,50 @@ __device__ __forceinline__ int dp4a(int a, int b, int c) {
     return d;
 }
 
+// shared-memory address of a generic pointer (for cp.async and ldmatrix)
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+// 16-byte asynchronous copy global -> shared; src_bytes < 16 zero-fills the rest
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+// One q8_1 block written by a warp: lane i holds value i of 32 consecutive values; writes qs[0..31] and the halves'
+// (d, d * sum of the 16 quantized values) to ds[0], ds[1], with d = max|x| / 127 and q = round(x / d) (the format
+// quantize_q8_1 writes and MMVQ / MMQ read).
+__device__ __forceinline__ void warp_store_q8_1(float v, int lane, signed char* qs, float2* ds) {
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.f;
+    const int q = amax == 0.f ? 0 : (int)roundf(v / d);
+    qs[lane] = (signed char)q;
+    int sum = q;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);   // sums within each half
+    if ((lane & 15) == 0) ds[lane >> 4] = make_float2(d, d * (float)sum);
+}
+
+// Sum over a 1-D block (a multiple of 32 threads, at most 1024); every thread gets the total.
+__device__ __forceinline__ float block_sum(float s) {
+    __shared__ float warp_sums[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    __syncthreads();                                   // warp_sums may still be read by a previous call
+    if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = s;
+    __syncthreads();
+    float total = 0.f;
+    const int warps = blockDim.x >> 5;
+    for (int i = 0; i < warps; ++i) total += warp_sums[i];
+    return total;
+}
+
 // bytewise a - b for bytes 0..127 (no borrow between bytes)
 __device__ __forceinline__ int sub_bytes(u32 a, u32 b) { return (int)(((a | 0x80808080u) - b) ^ 0x80808080u); }
 

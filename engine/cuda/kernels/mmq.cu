@@ -30,18 +30,6 @@
 #define SM_BD (SM_AM + MMQ_BM * MMQ_CH * 2 * 4)            // float2 [2][MMQ_BN][MMQ_CH*2]  activation (d, d*sum16)
 #define MMQ_SMEM_BYTES (SM_BD + 2 * MMQ_BN * MMQ_CH * 2 * 8)
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-// 16-byte asynchronous copy global -> shared; src_bytes < 16 zero-fills the rest
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;"); }
-
 __device__ __forceinline__ void mma_k32(int c[4], const int a[4], const int b[2]) {
     asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};"

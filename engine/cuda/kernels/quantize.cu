@@ -13,14 +13,5 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, signed cha
     if (chunk >= (long long)n_pad * chunks) return;
     const int row = (int)(chunk / chunks), c = (int)(chunk % chunks), lane = threadIdx.x;
     const float xi = row < n ? x[(long long)row * k + c * 32 + lane] : 0.f;
-    float amax = fabsf(xi);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = amax / 127.f;
-    const int q = amax == 0.f ? 0 : (int)roundf(xi / d);
-    qs[(long long)row * k + c * 32 + lane] = (signed char)q;
-    int sum = q;
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);   // sums within each half
-    if ((lane & 15) == 0) ds[(long long)row * (k / 16) + c * 2 + (lane >> 4)] = make_float2(d, d * (float)sum);
+    warp_store_q8_1(xi, lane, qs + (long long)row * k + c * 32, ds + (long long)row * (k / 16) + c * 2);
 }

@@ -6,21 +6,8 @@
 //   When qs is not null, y is also written as q8_1 blocks for MMVQ (exactly as quantize_q8_1 writes them, d a
 //   multiple of 32): qs : [rows, d] int8, ds : [rows, d/16] float2.
 // Launch rule (both): one block per row, a multiple of 32 threads up to 1024 (norm_threads in backends/cuda.py: about
-// two values per thread, so one short row still spreads over many warps); fp32 reduction through shared memory.
+// two values per thread, so one short row still spreads over many warps); fp32 reduction through shared memory (block_sum).
 #include "common.cuh"
-
-__device__ __forceinline__ float block_sum(float s) {
-    __shared__ float warp_sums[32];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    __syncthreads();                                   // warp_sums may still be read by a previous call
-    if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = s;
-    __syncthreads();
-    float total = 0.f;
-    const int warps = blockDim.x >> 5;
-    for (int i = 0; i < warps; ++i) total += warp_sums[i];
-    return total;
-}
 
 extern "C" __global__ void __launch_bounds__(1024)
 rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, int d, float eps) {
@@ -55,15 +42,6 @@ add_rms_norm(const float* __restrict__ x, const float* __restrict__ r, const flo
         const float v = s_out[row + i] * inv * w[i];
         y[row + i] = v;
         if (qs == nullptr) continue;
-        float amax = fabsf(v);                             // lanes hold 32 consecutive values: one q8_1 block
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        const float dq = amax / 127.f;
-        const int q = amax == 0.f ? 0 : (int)roundf(v / dq);
-        qs[row + i] = (signed char)q;
-        int sum = q;
-#pragma unroll
-        for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if ((lane & 15) == 0) ds[(row + i - lane) / 16 + (lane >> 4)] = make_float2(dq, dq * (float)sum);
+        warp_store_q8_1(v, lane, qs + row + i - lane, ds + (row + i - lane) / 16);   // lanes: 32 consecutive values
     }
 }

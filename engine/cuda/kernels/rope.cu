@@ -42,7 +42,6 @@ extern "C" __global__ void __launch_bounds__(128)
 rope_qk(const float* __restrict__ q, const float* __restrict__ k, float* __restrict__ yq, float* __restrict__ yk,
         const float* __restrict__ q_norm, const float* __restrict__ k_norm, const double* __restrict__ inv_freq,
         const int* __restrict__ positions, int n_head, int n_kv, int head_dim, int n_rot, int neox, float eps) {
-    __shared__ float warp_sums[4];
     const int tok = blockIdx.x, is_k = blockIdx.y >= n_head;
     const int h = is_k ? blockIdx.y - n_head : blockIdx.y, heads = is_k ? n_kv : n_head;
     const long long off = ((long long)tok * heads + h) * head_dim;
@@ -55,13 +54,7 @@ rope_qk(const float* __restrict__ q, const float* __restrict__ k, float* __restr
     const int ib = rot ? (neox ? i + half : 2 * i + 1) : ia + 1;
     float a = x[ia], b = x[ib];
     if (nw != nullptr) {
-        float s = a * a + b * b;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if ((i & 31) == 0) warp_sums[i >> 5] = s;
-        __syncthreads();
-        float total = 0.f;
-        for (int w = 0; w < (int)(blockDim.x >> 5); ++w) total += warp_sums[w];
+        const float total = block_sum(a * a + b * b);
         const float inv = 1.0f / sqrtf(total / (float)head_dim + eps);
         a = a * inv * nw[ia];
         b = b * inv * nw[ib];

@@ -1,0 +1,183 @@
+// attention_prefill_mma: attention.cu's prefill attention (one sequence, many query tokens at consecutive positions,
+// causal with an optional sliding window, GQA) on f16 tensor cores, for an f16 KV cache.
+//
+// A block takes FA_BQ = 16 queries of one head. K and V come in tiles of FA_BK = 64 keys (cp.async into shared
+// memory); warp w of the 4 takes keys 16w..16w+15 of each tile: S = Q K^T (mma.sync m16n8k16, f16 in, f32
+// accumulate), masked, online softmax in fp32 per query row (scores in log2 units, exp2), then O += P V with P
+// rounded to f16. Each warp keeps its own (max, sum, O); at the end the four states merge through shared memory.
+// Queries are scaled (scale * log2 e) and rounded to f16 once, into shared memory.
+// Fragments (PTX ISA, m16n8k16): lane = 4 g + t holds A rows g and g + 8, columns 2t, 2t + 1 (+ 8); B column g,
+// rows 2t, 2t + 1 (+ 8); C rows g and g + 8, columns 2t, 2t + 1. ldmatrix (.trans for V) builds the A and B
+// fragments from row-major shared-memory tiles whose rows are padded by 8 halves (16 bytes): the 8 rows one
+// ldmatrix reads fall on distinct banks.
+//   q : [n, n_head, D] f32; out : [n, n_head, D] f32; cache_k, cache_v : [n_seq, n_ctx, n_kv, D] f16
+//   seq_ids, positions : [n] int32 (the sequence slot and the first position are seq_ids[0], positions[0])
+//   Launch rule (backends/cuda.py attention): grid (ceil(n / 16), n_head), block 128, dynamic shared memory
+//   attention_mma_smem_bytes(D); D one of 64, 128, 256.
+#include "common.cuh"
+
+#define FA_BQ 16
+#define FA_BK 64
+#define FA_WARPS 4
+#define FA_NEG_INF __int_as_float(0xff800000)
+
+__host__ __device__ constexpr int fa_row_halves(int d) { return d + 8; }
+// queries, a K tile and a V tile, f16; the final merge reuses the K and V tiles' space
+__host__ __device__ constexpr int attention_mma_smem_bytes(int d) { return (FA_BQ + 2 * FA_BK) * fa_row_halves(d) * 2; }
+
+__device__ __forceinline__ void ldsm_x4(u32 r[4], const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_trans(u32 r[4], const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void mma_f16(float c[4], const u32 a[4], u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) { return (u32)f2h(lo) | ((u32)f2h(hi) << 16); }
+
+template <int D>
+__global__ void __launch_bounds__(128)
+attention_prefill_mma(const float* __restrict__ q, const u16* __restrict__ cache_k, const u16* __restrict__ cache_v,
+                      float* __restrict__ out, const int* __restrict__ seq_ids, const int* __restrict__ positions,
+                      int n, int n_head, int n_kv, int n_ctx, float scale, int window) {
+    constexpr int LDS = fa_row_halves(D);
+    extern __shared__ __align__(16) u16 fa_smem[];
+    u16* sQ = fa_smem;                 // [FA_BQ][LDS] queries, scaled, f16
+    u16* sK = sQ + FA_BQ * LDS;        // [FA_BK][LDS] keys of the tile
+    u16* sV = sK + FA_BK * LDS;        // [FA_BK][LDS] values of the tile
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int h = blockIdx.y, kvh = h / (n_head / n_kv);
+    const int t0 = blockIdx.x * FA_BQ, nq = min(FA_BQ, n - t0);
+    const int p0 = positions[0] + t0, p_last = p0 + nq - 1;   // positions of the block's first and last query
+    const float qscale = scale * 1.4426950408889634f;
+    for (int e = tid; e < FA_BQ * D / 2; e += 128) {
+        const int r = e / (D / 2), c = (e % (D / 2)) * 2;
+        float2 v = make_float2(0.f, 0.f);
+        if (r < nq) v = *(const float2*)(q + ((long long)(t0 + r) * n_head + h) * D + c);
+        *(u32*)(sQ + r * LDS + c) = pack_f16x2(v.x * qscale, v.y * qscale);
+    }
+    const int lo = window > 0 ? max(0, p0 - window + 1) : 0;
+    const long long stride = (long long)n_kv * D;
+    const long long base = (long long)seq_ids[0] * n_ctx * stride + (long long)kvh * D;
+    const int qp[2] = {p0 + g, p0 + g + 8};     // positions of this lane's two query rows
+    const int kw = warp * 16;                   // this warp's first key in a tile
+
+    float o[D / 8][4];                          // O rows g, g + 8: 8-column tiles
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m[2] = {FA_NEG_INF, FA_NEG_INF}, l[2] = {0.f, 0.f};   // l: this lane's part of the row sums
+
+    for (int j0 = lo; j0 <= p_last; j0 += FA_BK) {
+        __syncthreads();                        // the previous tile is consumed (and sQ written)
+        for (int e = tid; e < FA_BK * D / 8; e += 128) {
+            const int r = e / (D / 8), c = (e % (D / 8)) * 8, j = j0 + r;
+            const bool in = j <= p_last;
+            const long long off = base + (in ? (long long)j * stride + c : 0);
+            cp_async16(sK + r * LDS + c, cache_k + off, in ? 16 : 0);
+            cp_async16(sV + r * LDS + c, cache_v + off, in ? 16 : 0);
+        }
+        cp_async_commit();
+        cp_async_wait_all();
+        __syncthreads();
+        if (j0 + kw > p_last) continue;         // none of this warp's keys is in the tile
+
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};    // S: keys kw + 0..7, kw + 8..15
+#pragma unroll
+        for (int kk = 0; kk < D; kk += 16) {
+            u32 a[4], b[4];
+            ldsm_x4(a, sQ + ((lane & 7) + ((lane >> 3) & 1) * 8) * LDS + kk + (lane >> 4) * 8);
+            ldsm_x4(b, sK + (kw + (lane & 7) + (lane >> 4) * 8) * LDS + kk + ((lane >> 3) & 1) * 8);
+            mma_f16(s[0], a, b[0], b[1]);
+            mma_f16(s[1], a, b[2], b[3]);
+        }
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = e >> 1, j = j0 + kw + nt * 8 + 2 * t + (e & 1);
+                const bool ok = j <= qp[row] && (window <= 0 || j > qp[row] - window);
+                s[nt][e] = ok ? s[nt][e] : FA_NEG_INF;
+                mx[row] = fmaxf(mx[row], s[nt][e]);
+            }
+        float corr[2];
+#pragma unroll
+        for (int row = 0; row < 2; ++row) {
+            mx[row] = fmaxf(mx[row], __shfl_xor_sync(0xffffffffu, mx[row], 1));
+            mx[row] = fmaxf(mx[row], __shfl_xor_sync(0xffffffffu, mx[row], 2));
+            corr[row] = mx[row] == FA_NEG_INF ? 1.f : exp2f(m[row] - mx[row]);
+            m[row] = mx[row];
+        }
+        float p[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = e >> 1;
+                p[nt][e] = s[nt][e] == FA_NEG_INF ? 0.f : exp2f(s[nt][e] - m[row]);
+            }
+        l[0] = l[0] * corr[0] + p[0][0] + p[0][1] + p[1][0] + p[1][1];
+        l[1] = l[1] * corr[1] + p[0][2] + p[0][3] + p[1][2] + p[1][3];
+        const u32 pa[4] = {pack_f16x2(p[0][0], p[0][1]), pack_f16x2(p[0][2], p[0][3]),
+                           pack_f16x2(p[1][0], p[1][1]), pack_f16x2(p[1][2], p[1][3])};
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+            o[i][0] *= corr[0]; o[i][1] *= corr[0];
+            o[i][2] *= corr[1]; o[i][3] *= corr[1];
+        }
+#pragma unroll
+        for (int nd = 0; nd < D / 16; ++nd) {
+            u32 b[4];
+            ldsm_x4_trans(b, sV + (kw + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + nd * 16 + (lane >> 4) * 8);
+            mma_f16(o[2 * nd], pa, b[0], b[1]);
+            mma_f16(o[2 * nd + 1], pa, b[2], b[3]);
+        }
+    }
+#pragma unroll
+    for (int row = 0; row < 2; ++row) {
+        l[row] += __shfl_xor_sync(0xffffffffu, l[row], 1);
+        l[row] += __shfl_xor_sync(0xffffffffu, l[row], 2);
+    }
+    // merge the four warps' states: [FA_WARPS][FA_BQ][D] outputs, [FA_WARPS][FA_BQ] maxima and sums
+    __syncthreads();
+    float* sO = (float*)sK;
+    float* sM = sO + FA_WARPS * FA_BQ * D;
+    float* sL = sM + FA_WARPS * FA_BQ;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+        *(float2*)(sO + (warp * FA_BQ + g) * D + i * 8 + 2 * t) = make_float2(o[i][0], o[i][1]);
+        *(float2*)(sO + (warp * FA_BQ + g + 8) * D + i * 8 + 2 * t) = make_float2(o[i][2], o[i][3]);
+    }
+    if (t == 0) {
+        sM[warp * FA_BQ + g] = m[0]; sM[warp * FA_BQ + g + 8] = m[1];
+        sL[warp * FA_BQ + g] = l[0]; sL[warp * FA_BQ + g + 8] = l[1];
+    }
+    __syncthreads();
+    for (int e = tid; e < nq * D; e += 128) {
+        const int r = e / D, c = e % D;
+        float mx = FA_NEG_INF;
+#pragma unroll
+        for (int w = 0; w < FA_WARPS; ++w) mx = fmaxf(mx, sM[w * FA_BQ + r]);
+        float sum = 0.f, acc = 0.f;             // every query sees at least its own key: mx is finite
+#pragma unroll
+        for (int w = 0; w < FA_WARPS; ++w) {
+            const float mw = sM[w * FA_BQ + r];
+            const float f = mw == FA_NEG_INF ? 0.f : exp2f(mw - mx);
+            sum += f * sL[w * FA_BQ + r];
+            acc += f * sO[(w * FA_BQ + r) * D + c];
+        }
+        out[((long long)(t0 + r) * n_head + h) * D + c] = acc / sum;
+    }
+}
+
+#define INSTANTIATE_FA(D) \
+    template __global__ void attention_prefill_mma<D>(const float* __restrict__, const u16* __restrict__, \
+        const u16* __restrict__, float* __restrict__, const int* __restrict__, const int* __restrict__, int, int, \
+        int, int, float, int);
+INSTANTIATE_FA(64) INSTANTIATE_FA(128) INSTANTIATE_FA(256)
