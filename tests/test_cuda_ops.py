@@ -134,3 +134,16 @@ def test_glu_and_embed(backends):
     table = upload(GGMLType.Q8_0, (50, 256), blocks)
     tokens = rng.integers(0, 50, 9).astype(np.int32)
     np.testing.assert_array_equal(gpu.embed(table, tokens).get(), dequantize(blocks, GGMLType.Q8_0, (50, 256))[tokens])
+
+
+def test_argmax(backends):
+    """Row-wise argmax on the device equals numpy's: the first maximum, also for ties and negative rows."""
+    import cupy as cp
+    _, gpu, _ = backends
+    rng = np.random.default_rng()
+    for n, m in [(1, 262144), (3, 49152), (5, 1000), (2, 7)]:
+        x = rng.standard_normal((n, m)).astype(np.float32) * 5
+        x[-1] -= 100.0                                                   # a row of negative values
+        if m > 10:
+            x[0, [m // 3, m // 2]] = x[0].max() + 1.0                   # a tie: the first one wins
+        np.testing.assert_array_equal(gpu.argmax(cp.asarray(x)), np.argmax(x, axis=-1))

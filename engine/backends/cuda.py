@@ -163,15 +163,17 @@ class CUDABackend(Backend):
         k = cp.ascontiguousarray(k, dtype=cp.float32)
         v = cp.ascontiguousarray(v, dtype=cp.float32)
         row = n_kv * d
-        kernel("attention", f"kv_store<{kt}>")(((n * row + 255) // 256,), (256,),
-                                                (k, v, cache.k[layer], cache.v[layer], seq_ids, positions,
-                                                 np.int32(n), np.int32(cache.n_ctx), np.int32(row)))
+        n_split = min(32, 4 * self.n_sm // (n * n_head))           # few queries (decode): split over the keys
+        store_in_split = n_split >= 2 and len(batch.seq_ranges) == n  # one token per sequence: the split kernel stores
+        if not store_in_split:
+            kernel("attention", f"kv_store<{kt}>")(((n * row + 255) // 256,), (256,),
+                                                    (k, v, cache.k[layer], cache.v[layer], seq_ids, positions,
+                                                     np.int32(n), np.int32(cache.n_ctx), np.int32(row)))
         out = cp.empty((n, n_head, d), cp.float32)                   # out: [n, n_head, head_dim]
         q = cp.ascontiguousarray(q, dtype=cp.float32)
         args = (cache.k[layer], cache.v[layer])
         tail = (seq_ids, positions, np.int32(n_head), np.int32(n_kv), np.int32(d), np.int32(cache.n_ctx),
                 np.float32(scale), np.int32(window or 0))
-        n_split = min(32, 4 * self.n_sm // (n * n_head))           # few queries (decode): split over the keys
         if n_split < 2 and d in PREFILL_HEAD_DIMS and batch.is_one_run():  # a prefill ubatch: tiled
             pargs = (q, *args, out, seq_ids, positions, np.int32(n), np.int32(n_head), np.int32(n_kv),
                      np.int32(cache.n_ctx), np.float32(scale), np.int32(window or 0))
@@ -183,7 +185,8 @@ class CUDABackend(Backend):
             part = cp.empty((n, n_head, n_split, d + 2), cp.float32)  # per chunk: max, sum, output[head_dim]
             q8 = (cp.empty((n, n_head * d), cp.int8), cp.empty((n, n_head * d // 8), cp.float32))  # out as q8_1
             kernel("attention", f"attention_split<{kt}>")((n, n_head, n_split), (32, 4),
-                                                           (q, *args, out, *tail, part, self._tickets, *q8))
+                                                           (q, *args, out, *tail, part, self._tickets, *q8,
+                                                            *((k, v) if store_in_split else (np.uint64(0),) * 2)))
             out = out.reshape(n, n_head * d)
             self.acts.put_q8_1(out, q8)
             return out
@@ -207,7 +210,13 @@ class CUDABackend(Backend):
         return x[self._dev(idx)]
 
     def argmax(self, logits):
-        return cp.argmax(logits, axis=-1).get().astype(np.int64)     # only n ids cross to the host
+        n, m = logits.shape
+        best = cp.zeros(n, cp.uint64)                                 # kernels/argmax.cu keys: only n cross to the host
+        with self.stream:
+            x = cp.ascontiguousarray(logits, dtype=cp.float32)
+            kernel("argmax", "argmax_rows")((min(64, -(-m // 4096)), n), (256,), (x, best, np.int32(m)))
+            keys = best.get()
+        return (0xFFFFFFFF - (keys & 0xFFFFFFFF)).astype(np.int64)
 
     def to_numpy(self, x):
         return cp.asnumpy(x).astype(np.float32, copy=False)

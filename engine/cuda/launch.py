@@ -13,7 +13,7 @@ MMVQ_THREADS = 128
 
 
 def mmvq_rows(ncols: int) -> int:
-    """Rows each MMVQ thread group serves (kernels/mmvq.cu mmvq_rows)."""
+    """Rows each MMVQ thread group serves (kernels/mmvq.cu mmvq_rows with the default MMVQ_ROWS_*)."""
     return 1 if ncols == 1 else 2
 
 
@@ -51,21 +51,26 @@ def mmvq(w: GPUWeight, qs, ds, n: int, out=None):
 def mmvq_multi(ws: list[GPUWeight], qs, ds, n: int, outs=None):
     """[x W^T for W in ws] in one launch: up to 3 matrices of one type and k (q, k, v) -> list of [n, m_i]."""
     cp = _cp()
-    assert 1 <= len(ws) <= 3 and len({(int(w.type), w.k) for w in ws}) == 1
     outs = outs or [None] * len(ws)
     ys = [o if o is not None else cp.empty((n, w.m), cp.float32) for w, o in zip(ws, outs)]
+    fn, grid, block, args = mmvq_launch(ws, qs, ds, n, ys)
+    fn(grid, block, args)
+    return ys
+
+
+def mmvq_launch(ws: list[GPUWeight], qs, ds, n: int, ys: list) -> tuple:
+    """(kernel, grid, block, args) of mmvq_multi's launch into ys (a benchmark repeats it without the Python work)."""
+    assert 1 <= len(ws) <= 3 and len({(int(w.type), w.k) for w in ws}) == 1
     w0 = ws[0]
     groups = _mmvq_groups(w0.k)
     per_block = groups * mmvq_rows(n)
     grid = (sum((w.m + per_block - 1) // per_block for w in ws),)
     pad = 3 - len(ws)
     wptr = [w.data for w in ws] + [np.uint64(0)] * pad
-    yptr = ys + [np.uint64(0)] * pad
+    yptr = list(ys) + [np.uint64(0)] * pad
     ms = [np.int32(w.m) for w in ws] + [np.int32(0)] * pad
-    kernel("mmvq", f"mmvq<{int(w0.type)}, {n}, 0>")(grid, (MMVQ_THREADS,),
-                                                    (*wptr, qs, ds, *yptr, *ms, np.int32(w0.k),
-                                                     np.int64(w0.row_bytes), np.int32(groups)))
-    return ys
+    return (kernel("mmvq", f"mmvq<{int(w0.type)}, {n}, 0>"), grid, (MMVQ_THREADS,),
+            (*wptr, qs, ds, *yptr, *ms, np.int32(w0.k), np.int64(w0.row_bytes), np.int32(groups)))
 
 
 GLU_ACTS = {"silu": 1, "gelu": 2}

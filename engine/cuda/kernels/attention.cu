@@ -17,6 +17,9 @@
 // the chunk's state to part. The last block of the (token, head) to finish (a ticket from counters, which it resets
 // to 0 for the next launch) merges the chunks' states into out, and, when qs is not null, writes out's q8_1 blocks
 // (qs : [n, n_head * head_dim] int8, ds : [n, n_head * head_dim / 16] float2, as quantize_q8_1 writes them).
+// When k_new, v_new ([n, n_kv, head_dim] f32) are given - a decode step, one token per sequence, so no block reads
+// another token's new key - the blocks of the last chunk store their token's k, v in the cache before reading it
+// (kv_store's work, one launch less; the blocks of a GQA group write the same values).
 //   part : [n, n_head, n_split, head_dim + 2] f32, per chunk (max score m, sum l, unnormalized output[head_dim])
 //   counters : [n * n_head] int32, zero before the launch (and after it)
 //   Launch rule: grid (n, n_head, n_split), n_split <= 32, block (32, 4).
@@ -56,7 +59,7 @@ __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ 
 
 // One warp's online softmax over keys j0, j0 + step, ... < j1: updates (m, l, acc).
 template <typename KV>
-__device__ __forceinline__ void attend_keys(const KV* __restrict__ kb, const KV* __restrict__ vb, long long stride,
+__device__ __forceinline__ void attend_keys(const KV* kb, const KV* vb, long long stride,
                                             int j0, int j1, int step, const float* qv, float* acc, float& m,
                                             float& l, int per, int lane) {
     constexpr int MAXE = 8;
@@ -102,10 +105,11 @@ attention(const float* __restrict__ q, const KV* __restrict__ cache_k, const KV*
 
 template <typename KV>
 __global__ void __launch_bounds__(128)
-attention_split(const float* __restrict__ q, const KV* __restrict__ cache_k, const KV* __restrict__ cache_v,
+attention_split(const float* __restrict__ q, KV* cache_k, KV* cache_v,
                 float* __restrict__ out, const int* __restrict__ seq_ids, const int* __restrict__ positions,
                 int n_head, int n_kv, int head_dim, int n_ctx, float scale, int window, float* __restrict__ part,
-                int* __restrict__ counters, signed char* __restrict__ qs, float2* __restrict__ ds) {
+                int* __restrict__ counters, signed char* __restrict__ qs, float2* __restrict__ ds,
+                const float* __restrict__ k_new, const float* __restrict__ v_new) {
     constexpr int MAXE = 8, WARPS = 4;
     __shared__ float s_m[WARPS], s_l[WARPS], s_acc[WARPS][MAXE * 32];
     const int tok = blockIdx.x, h = blockIdx.y, z = blockIdx.z, n_split = gridDim.z;
@@ -122,6 +126,14 @@ attention_split(const float* __restrict__ q, const KV* __restrict__ cache_k, con
 #pragma unroll
     for (int e = 0; e < MAXE; ++e) { qv[e] = e < per ? qh[e * 32 + lane] * scale : 0.f; acc[e] = 0.f; }
     const long long base = ((long long)seq_ids[tok] * n_ctx) * n_kv * head_dim + (long long)kvh * head_dim;
+    if (k_new != nullptr && z == active - 1) {          // the chunk holding position p stores the token's k, v first
+        const long long src = ((long long)tok * n_kv + kvh) * head_dim, dst = base + (long long)p * n_kv * head_dim;
+        for (int e = w * 32 + lane; e < head_dim; e += WARPS * 32) {
+            cache_k[dst + e] = kv_cast<KV>(k_new[src + e]);
+            cache_v[dst + e] = kv_cast<KV>(v_new[src + e]);
+        }
+        __syncthreads();
+    }
     float m = NEG_INF, l = 0.f;
     attend_keys<KV>(cache_k + base, cache_v + base, (long long)n_kv * head_dim, j0 + w, j1, WARPS, qv, acc, m, l,
                     per, lane);
@@ -274,9 +286,9 @@ INSTANTIATE_PREFILL(float, 64) INSTANTIATE_PREFILL(float, 128) INSTANTIATE_PREFI
     template __global__ void attention<KV>(const float* __restrict__, const KV* __restrict__, \
         const KV* __restrict__, float* __restrict__, const int* __restrict__, const int* __restrict__, int, int, \
         int, int, float, int); \
-    template __global__ void attention_split<KV>(const float* __restrict__, const KV* __restrict__, \
-        const KV* __restrict__, float* __restrict__, const int* __restrict__, const int* __restrict__, int, int, \
-        int, int, float, int, float* __restrict__, int* __restrict__, signed char* __restrict__, \
-        float2* __restrict__);
+    template __global__ void attention_split<KV>(const float* __restrict__, KV*, KV*, float* __restrict__, \
+        const int* __restrict__, const int* __restrict__, int, int, int, int, float, int, float* __restrict__, \
+        int* __restrict__, signed char* __restrict__, float2* __restrict__, const float* __restrict__, \
+        const float* __restrict__);
 INSTANTIATE_ATTENTION(u16)
 INSTANTIATE_ATTENTION(float)

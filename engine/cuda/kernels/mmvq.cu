@@ -6,7 +6,9 @@
 // 128/groups threads (groups = 1, 2 or 4); each group serves mmvq_rows(NCOLS) consecutive rows (1 for one column,
 // where more blocks in flight matter most; 2 above, where reusing the activations matters), each thread takes every
 // (128/groups)-th chunk of those rows, loads the chunk's activations of all NCOLS columns once and dots them with each
-// row's weight chunk; grid ceil(m / (groups * mmvq_rows(NCOLS))).
+// row's weight chunk; grid ceil(m / (groups * mmvq_rows(NCOLS))). Registers are capped at 128 per thread
+// (MMVQ_MIN_BLOCKS = 4 blocks per SM): at 6-8 columns 9-19 % faster than the 168 registers left to themselves
+// (BENCHMARKS.md, scripts/bench_mmvq_variants.py).
 //
 // One launch serves up to three matrices of the same type and k multiplied by the same activations (q, k and v):
 // w0..w2 with m0..m2 rows (m = 0: absent) into y0..y2; the grid is the sum of the three grids, in order.
@@ -16,7 +18,27 @@
 #include "common.cuh"
 
 #define MMVQ_THREADS 128
-__host__ __device__ constexpr int mmvq_rows(int ncols) { return ncols == 1 ? 1 : 2; }
+// Tuning knobs (scripts/bench_mmvq_variants.py times alternatives by compiling with -D): rows per group for one
+// column, for 2..4 and for 5..8 columns; blocks per SM the registers must allow; how many chunk iterations a thread
+// unrolls (its loads in flight at once).
+#ifndef MMVQ_ROWS_1
+#define MMVQ_ROWS_1 1
+#endif
+#ifndef MMVQ_ROWS_N
+#define MMVQ_ROWS_N 2
+#endif
+#ifndef MMVQ_ROWS_HI
+#define MMVQ_ROWS_HI MMVQ_ROWS_N
+#endif
+#ifndef MMVQ_MIN_BLOCKS
+#define MMVQ_MIN_BLOCKS 4                  // blocks per SM the registers must allow (<= 128 each)
+#endif
+#ifndef MMVQ_UNROLL
+#define MMVQ_UNROLL 1
+#endif
+__host__ __device__ constexpr int mmvq_rows(int ncols) {
+    return ncols == 1 ? MMVQ_ROWS_1 : ncols <= 4 ? MMVQ_ROWS_N : MMVQ_ROWS_HI;
+}
 
 __device__ __forceinline__ float glu_act(int glu, float g) {
     return glu == 1 ? g / (1.0f + expf(-g))
@@ -24,7 +46,7 @@ __device__ __forceinline__ float glu_act(int glu, float g) {
 }
 
 template <int T, int NCOLS, int GLU>
-__global__ void __launch_bounds__(MMVQ_THREADS)
+__global__ void __launch_bounds__(MMVQ_THREADS, MMVQ_MIN_BLOCKS)
 mmvq(const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2,
      const signed char* __restrict__ qs, const float2* __restrict__ ds, float* __restrict__ y0,
      float* __restrict__ y1, float* __restrict__ y2, int m0, int m1, int m2, int k, long long row_bytes,
@@ -52,7 +74,9 @@ mmvq(const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict_
     for (int r = 0; r < MMVQ_ROWS; ++r)
 #pragma unroll
         for (int j = 0; j < NCOLS; ++j) acc[r][j] = 0.f;
+    constexpr int UNROLL = MMVQ_UNROLL;
     if (row0 < m) {
+#pragma unroll UNROLL
         for (int c = lane; c < chunks; c += tpg) {
             int4 a0[NCOLS], a1[NCOLS];
             float4 sa[NCOLS];                                          // (d, s0, d, s1)
@@ -119,4 +143,8 @@ mmvq(const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict_
 #define INSTANTIATE_MMVQ(T) INSTANTIATE_MMVQ_N(T, 1) INSTANTIATE_MMVQ_N(T, 2) INSTANTIATE_MMVQ_N(T, 3) \
     INSTANTIATE_MMVQ_N(T, 4) INSTANTIATE_MMVQ_N(T, 5) INSTANTIATE_MMVQ_N(T, 6) INSTANTIATE_MMVQ_N(T, 7) \
     INSTANTIATE_MMVQ_N(T, 8)
+#ifdef MMVQ_ONLY_TYPE                                 // a benchmark's variant build: one type
+INSTANTIATE_MMVQ(MMVQ_ONLY_TYPE)
+#else
 FOR_EACH_QTYPE(INSTANTIATE_MMVQ)
+#endif
