@@ -18,7 +18,9 @@ async def client_loop(url, deadline, args, stats, cid):
     async with httpx.AsyncClient(timeout=300) as http:
         i = 0
         while time.perf_counter() < deadline:
-            body = {"prompt": f"Client {cid} request {i}: write a story about", "max_tokens": args.max_tokens,
+            prompt = [5 + (cid * 7 + i + j) % 50 for j in range(8)] if args.token_prompts else \
+                f"Client {cid} request {i}: write a story about"
+            body = {"prompt": prompt, "max_tokens": args.max_tokens,
                     "temperature": 0.8, "seed": cid * 1000 + i, "stream": True, "ignore_eos": True}
             if args.api_key:
                 headers = {"authorization": f"Bearer {args.api_key}"}
@@ -69,6 +71,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--api-key", default=None)
+    ap.add_argument("--token-prompts", action="store_true",
+                    help="send prompts as token ids (models whose tokenizer has no words, e.g. the tests' tiny models)")
     asyncio.run(main_async(ap.parse_args()))
 
 
