@@ -95,9 +95,7 @@ def mmq(w: GPUWeight, qs, ds, n: int, out=None):
     n_pad = qs.shape[0]
     assert n_pad % MMQ_BN == 0 and n <= n_pad
     y = out if out is not None else cp.empty((n, w.m), cp.float32)
-    k = kernel("mmq", f"mmq<{int(w.type)}>")
-    if k.max_dynamic_shared_size_bytes < MMQ_SMEM_BYTES:
-        k.max_dynamic_shared_size_bytes = MMQ_SMEM_BYTES
+    k = _with_smem(kernel("mmq", f"mmq<{int(w.type)}>"), MMQ_SMEM_BYTES)
     grid = ((w.m + MMQ_BM - 1) // MMQ_BM, n_pad // MMQ_BN)
     k(grid, (256,), (w.data, qs, ds, y, np.int32(w.m), np.int32(n), np.int32(w.k), np.int64(w.row_bytes)),
       shared_mem=MMQ_SMEM_BYTES)
@@ -165,6 +163,7 @@ def gemm_xwt(x, w, out=None):
 
 
 def _with_smem(fn, smem: int):
+    """Allow fn smem bytes of dynamic shared memory (above the 48 KB default); returns fn."""
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     return fn
