@@ -45,6 +45,16 @@ __device__ __forceinline__ int dp4a(int a, int b, int c) {
     return d;
 }
 
+// c[0..3] += A (16 x 32 int8, a[0..3]) * B (32 x 8 int8, b[0..1]) on the tensor cores; lane = 4 * g + t holds
+// a = {A[g][4t..], A[g+8][4t..], A[g][16+4t..], A[g+8][16+4t..]}, b = {B[4t..][g], B[16+4t..][g]},
+// c = {C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]}
+__device__ __forceinline__ void mma_k32(int c[4], const int a[4], const int b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
 // shared-memory address of a generic pointer (for cp.async and ldmatrix)
 __device__ __forceinline__ u32 smem_addr(const void* p) {
     u32 a;
@@ -55,6 +65,8 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
 }
+// hint: bring the line holding p into L1 (no register, no wait)
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
@@ -128,6 +140,13 @@ __device__ __forceinline__ void same_halves(ChunkScale& s, float d, float m) { s
 __device__ __forceinline__ void scale_min_k4(const u8* sc, int j, int& d, int& m) {
     if (j < 4) { d = sc[j] & 63; m = sc[j + 4] & 63; }
     else { d = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4); m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4); }
+}
+
+// scale_min_k4 on the 12 scale bytes held as three little-endian words
+__device__ __forceinline__ void scale_min_k4_words(u32 sw0, u32 sw1, u32 sw2, int j, int& d, int& m) {
+    auto byte = [&](int i) -> int { return (int)(((i < 4 ? sw0 : i < 8 ? sw1 : sw2) >> (8 * (i & 3))) & 0xFF); };
+    if (j < 4) { d = byte(j) & 63; m = byte(j + 4) & 63; }
+    else { d = (byte(j + 4) & 0xF) | ((byte(j - 4) >> 6) << 4); m = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4); }
 }
 
 __constant__ signed char IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -236,10 +255,8 @@ template <> __device__ __forceinline__ void unpack<T_Q4_K>(const u8* row, int c,
     const u32 dm = ld_u32_a4(b);
     const u32 sw0 = ld_u32_a4(b + 4), sw1 = ld_u32_a4(b + 8), sw2 = ld_u32_a4(b + 12);
     const uint4 q0 = *(const uint4*)(b + 16 + (j >> 1) * 32), q1 = *(const uint4*)(b + 32 + (j >> 1) * 32);
-    auto byte = [&](int i) -> int { return (int)(((i < 4 ? sw0 : i < 8 ? sw1 : sw2) >> (8 * (i & 3))) & 0xFF); };
-    int sc, mn;   // scale_min_k4 on the three words
-    if (j < 4) { sc = byte(j) & 63; mn = byte(j + 4) & 63; }
-    else { sc = (byte(j + 4) & 0xF) | ((byte(j - 4) >> 6) << 4); mn = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4); }
+    int sc, mn;
+    scale_min_k4_words(sw0, sw1, sw2, j, sc, mn);
     same_halves(s, h2f((u16)dm) * (float)sc, -(h2f((u16)(dm >> 16)) * (float)mn));
     const int sh = 4 * (j & 1);
     const u32 q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};

@@ -30,13 +30,6 @@
 #define SM_BD (SM_AM + MMQ_BM * MMQ_CH * 2 * 4)            // float2 [2][MMQ_BN][MMQ_CH*2]  activation (d, d*sum16)
 #define MMQ_SMEM_BYTES (SM_BD + 2 * MMQ_BN * MMQ_CH * 2 * 8)
 
-__device__ __forceinline__ void mma_k32(int c[4], const int a[4], const int b[2]) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 __device__ __forceinline__ void mma_k16(int c[4], int a0, int a1, int b0) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
                  : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
