@@ -114,6 +114,31 @@ def test_mul_mat_float(t):
         assert nmse(y, ref) <= 1e-6, (n, nmse(y, ref))
 
 
+@pytest.mark.parametrize("kernel", ["mma", "pieces", "mmvq"])
+def test_q4_K_mmvq_kernels_every_ncols(monkeypatch, kernel):
+    """Q4_K through each of its MMVQ kernels (ENGINE_MMVQ_MMA / ENGINE_MMVQ_PIECES) at every column count, plain and
+    with the GLU epilogue, against numpy."""
+    import cupy as cp
+    from engine.cuda import dispatch
+    monkeypatch.setenv("ENGINE_MMVQ_MMA", "all" if kernel == "mma" else "0")
+    monkeypatch.setenv("ENGINE_MMVQ_PIECES", "all" if kernel == "pieces" else "0")
+    rng = np.random.default_rng()
+    for m, k in shapes(GGMLType.Q4_K) + [(37, 8192)]:          # k = 8192: one group of 128 threads per row
+        (w, rw), (wk, rk), (wv, rv), (wu, ru) = (random_weight(GGMLType.Q4_K, rows, k, rng)
+                                                 for rows in (m, m // 2 + 3, 21, m))
+        for n in range(1, 9):
+            x = rng.standard_normal((n, k)).astype(np.float32)
+            _, xq = q8_1_ref(x)
+            out = cp.full((n, m), cp.nan, cp.float32)
+            y = dispatch.mul_mat(w, cp.asarray(x), path="mmvq", out=out).get()
+            assert np.isfinite(y).all() and nmse(y, xq @ rw.T) <= 1e-8, (kernel, m, k, n)
+            for o, r in zip(dispatch.mul_mats([w, wk, wv], cp.asarray(x)), (rw, rk, rv)):
+                assert nmse(o.get(), xq @ r.T) <= 1e-8, (kernel, m, k, n, "q/k/v")
+            gate, up = xq @ rw.T, xq @ ru.T
+            y = dispatch.glu(w, wu, cp.asarray(x), "silu").get()
+            assert nmse(y, gate / (1 + np.exp(-gate)) * up) <= 1e-8, (kernel, m, k, n, "glu")
+
+
 @pytest.mark.parametrize("t", QTYPES, ids=lambda t: t.name)
 def test_mmvq_multi_and_glu(t):
     """Three matrices in one MMVQ launch (q, k, v: different row counts), and the fused gate/up GLU, against numpy."""

@@ -14,6 +14,7 @@ FAMILIES = ("quantize", "dequantize", "mmvq", "mmvf", "mmq", "rms_norm", "rope",
             "attention_mma", "argmax")
 QTYPES = {"T_Q4_0": 2, "T_Q4_1": 3, "T_Q5_0": 6, "T_Q5_1": 7, "T_Q8_0": 8, "T_Q2_K": 10, "T_Q3_K": 11,
           "T_Q4_K": 12, "T_Q5_K": 13, "T_Q6_K": 14, "T_IQ4_NL": 20, "T_IQ4_XS": 23}
+PIECE_QTYPES = {"T_Q4_K": 12}           # the types mmvq.cu's mmvq_pieces serves (FOR_EACH_PIECE_QTYPE)
 NVRTC_OPTIONS = ("--std=c++17",)
 PREFILL_HEAD_DIMS = (64, 128, 256)     # attention_prefill (attention.cu), attention_prefill_mma instantiations
 
@@ -37,7 +38,9 @@ def name_expressions(family: str) -> list[str]:
     if family == "dequantize":
         return [f"dequantize_{o}<{t}>" for t in qtypes for o in ("f16", "f32")]
     if family == "mmvq":
-        return [f"mmvq<{t}, {n}, {g}>" for t in qtypes for n in range(1, 9) for g in range(3)]
+        return [f"{kind}<{t}, {n}, {g}>" for kind, types in (("mmvq", qtypes), ("mmvq_pieces", PIECE_QTYPES.values()))
+                for t in types for n in range(1, 9) for g in range(3)] + [
+            f"mmvq_mma_q4_K<{n}, {g}>" for n in range(1, 9) for g in range(3)]
     if family == "mmvf":
         return [f"mmvf<{w}, {n}>" for w in ("float", "u16") for n in range(1, 9)]
     if family == "mmq":
@@ -62,6 +65,10 @@ def check_type_list() -> None:
     listed = re.search(r"#define FOR_EACH_QTYPE\(X\)(.*?)\n\n", common + "\n\n", re.S).group(1)
     if set(re.findall(r"X\((T_\w+)\)", listed)) != set(QTYPES):
         raise KernelBuildError("FOR_EACH_QTYPE in common.cuh and QTYPES in build.py disagree")
+    mmvq = (KERNEL_DIR / "mmvq.cu").read_text()
+    listed = re.search(r"#define FOR_EACH_PIECE_QTYPE\(X\)(.*?)\n", mmvq).group(1)
+    if set(re.findall(r"X\((T_\w+)\)", listed)) != set(PIECE_QTYPES):
+        raise KernelBuildError("FOR_EACH_PIECE_QTYPE in mmvq.cu and PIECE_QTYPES in build.py disagree")
 
 
 @functools.cache

@@ -1,9 +1,11 @@
 """Launchers: one Python function per kernel family, shapes checked, launch rules as written beside each kernel."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
-from .build import kernel
+from .build import PIECE_QTYPES, kernel
 from .weights import GPUWeight
 
 MMQ_BM, MMQ_BN = 128, 64
@@ -15,6 +17,33 @@ MMVQ_THREADS = 128
 def mmvq_rows(ncols: int) -> int:
     """Rows each MMVQ thread group serves (kernels/mmvq.cu mmvq_rows with the default MMVQ_ROWS_*)."""
     return 1 if ncols == 1 else 2
+
+
+def mmvqp_rows(ncols: int, glu: int = 0) -> int:
+    """Output rows each mmvq_pieces thread group serves (kernels/mmvq.cu mmvqp_rows, default MMVQP_ROWS_*)."""
+    rows = 1 if ncols == 1 else 2 if ncols <= 4 else 4
+    return (rows + 1) // 2 if glu else rows
+
+
+PIECE_TYPES = frozenset(PIECE_QTYPES.values())      # served by mmvq_pieces ...
+PIECES_MIN_COLS = 5                                 # ... from this many columns (mmvq is faster below)
+
+
+MMA_TYPES = frozenset({12})                          # Q4_K: served by mmvq_mma_q4_K ...
+MMA_MIN_COLS = 9                                    # ... from this many columns (9: not chosen by default)
+MMVQM_WARPS = 4                                     # kernels/mmvq.cu: warps per mmvq_mma_q4_K block
+
+
+def _use_mma(t: int, n: int) -> bool:
+    """ENGINE_MMVQ_MMA: unset = MMA_TYPES at >= MMA_MIN_COLS columns, 'all' = at every n, '0' = never."""
+    mode = os.environ.get("ENGINE_MMVQ_MMA", "")
+    return t in MMA_TYPES and mode != "0" and (n >= MMA_MIN_COLS or mode == "all")
+
+
+def _use_pieces(t: int, n: int) -> bool:
+    """ENGINE_MMVQ_PIECES: unset = PIECE_TYPES at >= PIECES_MIN_COLS columns, 'all' = at every n, '0' = never."""
+    mode = os.environ.get("ENGINE_MMVQ_PIECES", "")
+    return t in PIECE_TYPES and mode != "0" and (n >= PIECES_MIN_COLS or mode == "all")
 
 
 def _cp():
@@ -38,9 +67,39 @@ def quantize_q8_1(x, n_pad: int | None = None):
     return qs, ds
 
 
-def _mmvq_groups(k: int) -> int:
+GROUPS_BY_ROWS = frozenset({2, 3, 12})      # Q4_0, Q4_1, Q4_K: _mmvq_groups also looks at the rows (measured)
+
+
+def _mmvq_groups(t: int, m: int, k: int) -> int:
+    """Row groups per 128-thread mmvq block for type t, m rows in all (the launch's matrices) and k: enough threads per
+    row for k, and for the 4-bit types more rows per block the more rows there are (scripts/bench_mmvq_groups.py on
+    the H200: q4_K 14336 x 4096 at one column 19.2 us with 1 group, 14.1 with 4; 1024 x 4096 fastest with 1)."""
     chunks = k // 32
-    return 1 if chunks >= 128 else 2 if chunks >= 64 else 4     # 128, 64 or 32 threads per group of rows
+    groups = 1 if chunks >= 128 else 2 if chunks >= 64 else 4     # 128, 64 or 32 threads per group of rows
+    if t in GROUPS_BY_ROWS:
+        groups = max(groups, 4 if m >= 4096 else 2 if m >= 2048 else 1)
+    return groups
+
+
+def _mmvqp_groups(t: int, m: int, k: int) -> int:
+    """Row groups per 128-thread mmvq_pieces block (scripts/bench_mmvq_groups.py): by rows, one warp per row group
+    where a row has few pieces."""
+    if k // 16 < 128:
+        return 4
+    return 4 if m >= 8192 else 2 if m >= 4096 else 1
+
+
+def _one_group(t: int, m: int, k: int) -> int:
+    return 1
+
+
+def _mmvq_kernel(t: int, n: int, glu: int) -> tuple:
+    """(kernel, output rows per group, groups function, threads per block) of the MMVQ kernel for type t, n columns."""
+    if _use_mma(t, n):
+        return kernel("mmvq", f"mmvq_mma_q4_K<{n}, {glu}>"), 16, _one_group, 32 * MMVQM_WARPS
+    if _use_pieces(t, n):
+        return kernel("mmvq", f"mmvq_pieces<{t}, {n}, {glu}>"), mmvqp_rows(n, glu), _mmvqp_groups, MMVQ_THREADS
+    return kernel("mmvq", f"mmvq<{t}, {n}, {glu}>"), 1 if glu else mmvq_rows(n), _mmvq_groups, MMVQ_THREADS
 
 
 def mmvq(w: GPUWeight, qs, ds, n: int, out=None):
@@ -62,14 +121,15 @@ def mmvq_launch(ws: list[GPUWeight], qs, ds, n: int, ys: list) -> tuple:
     """(kernel, grid, block, args) of mmvq_multi's launch into ys (a benchmark repeats it without the Python work)."""
     assert 1 <= len(ws) <= 3 and len({(int(w.type), w.k) for w in ws}) == 1
     w0 = ws[0]
-    groups = _mmvq_groups(w0.k)
-    per_block = groups * mmvq_rows(n)
+    fn, rows, groups_for, threads = _mmvq_kernel(int(w0.type), n, 0)
+    groups = groups_for(int(w0.type), sum(w.m for w in ws), w0.k)
+    per_block = groups * rows
     grid = (sum((w.m + per_block - 1) // per_block for w in ws),)
     pad = 3 - len(ws)
     wptr = [w.data for w in ws] + [np.uint64(0)] * pad
     yptr = list(ys) + [np.uint64(0)] * pad
     ms = [np.int32(w.m) for w in ws] + [np.int32(0)] * pad
-    return (kernel("mmvq", f"mmvq<{int(w0.type)}, {n}, 0>"), grid, (MMVQ_THREADS,),
+    return (fn, grid, (threads,),
             (*wptr, qs, ds, *yptr, *ms, np.int32(w0.k), np.int64(w0.row_bytes), np.int32(groups)))
 
 
@@ -81,9 +141,9 @@ def mmvq_glu(gate: GPUWeight, up: GPUWeight, qs, ds, n: int, act: str, out=None)
     cp = _cp()
     assert (int(gate.type), gate.m, gate.k) == (int(up.type), up.m, up.k)
     y = out if out is not None else cp.empty((n, gate.m), cp.float32)
-    groups = _mmvq_groups(gate.k)
-    kernel("mmvq", f"mmvq<{int(gate.type)}, {n}, {GLU_ACTS[act]}>")(
-        ((gate.m + groups - 1) // groups,), (MMVQ_THREADS,),
+    fn, rows, groups_for, threads = _mmvq_kernel(int(gate.type), n, GLU_ACTS[act])
+    groups = groups_for(int(gate.type), gate.m, gate.k)
+    fn(((gate.m + groups * rows - 1) // (groups * rows),), (threads,),
         (gate.data, up.data, np.uint64(0), qs, ds, y, np.uint64(0), np.uint64(0), np.int32(gate.m), np.int32(0),
          np.int32(0), np.int32(gate.k), np.int64(gate.row_bytes), np.int32(groups)))
     return y

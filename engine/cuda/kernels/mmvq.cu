@@ -2,13 +2,15 @@
 //   w  : [m, k] in T's blocks (row stride row_bytes)
 //   qs : [ncols, k] int8 and ds : [ncols, k/16] float2, from quantize_q8_1
 //   y  : [ncols, m] f32
-// Launch rule (should_use_mmvq in dispatch.py: quantized T, ncols <= 8): block of 128 threads in groups of
-// 128/groups threads (groups = 1, 2 or 4); each group serves mmvq_rows(NCOLS) consecutive rows (1 for one column,
+// Launch rule (should_use_mmvq in dispatch.py: quantized T, ncols <= 8; Q4_K at 5..8 takes mmvq_pieces below): block
+// of 128 threads in groups of 128/groups threads (groups = 1, 2 or 4: launch._mmvq_groups, by k and for the 4-bit
+// types by the launch's rows); each group serves mmvq_rows(NCOLS) consecutive rows (1 for one column,
 // where more blocks in flight matter most; 2 above, where reusing the activations matters), each thread takes every
 // (128/groups)-th chunk of those rows, loads the chunk's activations of all NCOLS columns once and dots them with each
 // row's weight chunk; grid ceil(m / (groups * mmvq_rows(NCOLS))). Registers are capped at 128 per thread
 // (MMVQ_MIN_BLOCKS = 4 blocks per SM): at 6-8 columns 9-19 % faster than the 168 registers left to themselves
-// (BENCHMARKS.md, scripts/bench_mmvq_variants.py).
+// (BENCHMARKS.md, scripts/bench_mmvq_variants.py). At 2..8 columns a thread prefetches the weight lines of its next
+// chunk into L1 (MMVQ_PREFETCH_N; 2-10 % faster there on the H200, slower at one column).
 //
 // One launch serves up to three matrices of the same type and k multiplied by the same activations (q, k and v):
 // w0..w2 with m0..m2 rows (m = 0: absent) into y0..y2; the grid is the sum of the three grids, in order.
@@ -36,6 +38,12 @@
 #ifndef MMVQ_UNROLL
 #define MMVQ_UNROLL 1
 #endif
+#ifndef MMVQ_PREFETCH_1                // chunk iterations ahead whose weight lines a thread prefetches into L1 (0: none),
+#define MMVQ_PREFETCH_1 0              // at one column and at 2..8 columns
+#endif
+#ifndef MMVQ_PREFETCH_N
+#define MMVQ_PREFETCH_N 1
+#endif
 __host__ __device__ constexpr int mmvq_rows(int ncols) {
     return ncols == 1 ? MMVQ_ROWS_1 : ncols <= 4 ? MMVQ_ROWS_N : MMVQ_ROWS_HI;
 }
@@ -43,6 +51,50 @@ __host__ __device__ constexpr int mmvq_rows(int ncols) {
 __device__ __forceinline__ float glu_act(int glu, float g) {
     return glu == 1 ? g / (1.0f + expf(-g))
                     : 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+}
+
+// Which of the launch's matrices block b serves (blocks of per_block output rows, matrix 0's first): moves b, w, y,
+// m to that matrix.
+__device__ __forceinline__ void select_matrix(int per_block, const u8* w1, const u8* w2, float* y1, float* y2, int m0,
+                                              int m1, int m2, int& b, const u8*& w, float*& y, int& m) {
+    const int nb0 = (m0 + per_block - 1) / per_block, nb1 = (m1 + per_block - 1) / per_block;
+    if (b >= nb0) {
+        b -= nb0; w = w1; y = y1; m = m1;
+        if (b >= nb1) { b -= nb1; w = w2; y = y2; m = m2; }
+    }
+}
+
+// Sum each group's per-thread sums acc[NR][NCOLS] over its threads (warp shuffles, then the group's warps through
+// partial) and write y[j][row] for the group's OUT_ROWS rows from row (b * groups + group) * OUT_ROWS; with GLU,
+// rows OUT_ROWS.. of acc are the up rows: y = act(gate) * up.
+template <int NR, int OUT_ROWS, int NCOLS, int GLU>
+__device__ __forceinline__ void reduce_store(const float (&acc)[NR][NCOLS],
+                                             float (&partial)[NR][NCOLS][MMVQ_THREADS / 32], int groups, int b, int m,
+                                             float* __restrict__ y) {
+    const int warp = threadIdx.x / 32;
+#pragma unroll
+    for (int r = 0; r < NR; ++r)
+#pragma unroll
+        for (int j = 0; j < NCOLS; ++j) {
+            float a = acc[r][j];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+            if ((threadIdx.x & 31) == 0) partial[r][j][warp] = a;
+        }
+    __syncthreads();
+    const int wpg = MMVQ_THREADS / groups / 32;                   // warps per group
+    for (int idx = threadIdx.x; idx < groups * OUT_ROWS * NCOLS; idx += MMVQ_THREADS) {
+        const int gi = idx / (OUT_ROWS * NCOLS), r = (idx / NCOLS) % OUT_ROWS, j = idx % NCOLS;
+        const int out_row = (b * groups + gi) * OUT_ROWS + r;
+        float a = 0.f;
+        for (int q = 0; q < wpg; ++q) a += partial[r][j][gi * wpg + q];
+        if (GLU) {
+            float u = 0.f;
+            for (int q = 0; q < wpg; ++q) u += partial[OUT_ROWS + r][j][gi * wpg + q];
+            a = glu_act(GLU, a) * u;
+        }
+        if (out_row < m) y[(long long)j * m + out_row] = a;
+    }
 }
 
 template <int T, int NCOLS, int GLU>
@@ -59,14 +111,7 @@ mmvq(const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict_
     int b = blockIdx.x, m = m0;
     const u8* w = w0;
     float* y = y0;
-    if (!GLU) {                                                   // which of the matrices this block serves
-        const int per_block = groups * OUT_ROWS;
-        const int nb0 = (m0 + per_block - 1) / per_block, nb1 = (m1 + per_block - 1) / per_block;
-        if (b >= nb0) {
-            b -= nb0; w = w1; y = y1; m = m1;
-            if (b >= nb1) { b -= nb1; w = w2; y = y2; m = m2; }
-        }
-    }
+    if (!GLU) select_matrix(groups * OUT_ROWS, w1, w2, y1, y2, m0, m1, m2, b, w, y, m);
     const int row0 = (b * groups + group) * OUT_ROWS;
     const int chunks = k / 32;
     float acc[MMVQ_ROWS][NCOLS];
@@ -78,6 +123,14 @@ mmvq(const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict_
     if (row0 < m) {
 #pragma unroll UNROLL
         for (int c = lane; c < chunks; c += tpg) {
+            constexpr int AHEAD = NCOLS == 1 ? MMVQ_PREFETCH_1 : MMVQ_PREFETCH_N;
+            if (AHEAD && c + AHEAD * tpg < chunks) {
+                const long long off = (long long)(c + AHEAD * tpg) * TypeTraits<T>::bytes / TypeTraits<T>::chunks;
+#pragma unroll
+                for (int r = 0; r < MMVQ_ROWS; ++r)
+                    prefetch_l1((GLU ? (r == 0 ? w0 : w1) + (long long)row0 * row_bytes
+                                     : w + (long long)min(row0 + r, m - 1) * row_bytes) + off);
+            }
             int4 a0[NCOLS], a1[NCOLS];
             float4 sa[NCOLS];                                          // (d, s0, d, s1)
 #pragma unroll
@@ -110,29 +163,247 @@ mmvq(const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict_
             }
         }
     }
-    const int warp = threadIdx.x / 32;
+    reduce_store<MMVQ_ROWS, OUT_ROWS, NCOLS, GLU>(acc, partial, groups, b, m, y);
+}
+
+// ---- MMVQ over 16-value pieces, for the types with a piece<T> below (Q4_K) at 5..8 columns (launch.py
+// PIECES_MIN_COLS): same arguments, matrices, GLU and output as mmvq. A piece is 16 consecutive values of a row:
+// lane i of a group takes pieces i, i + tpg, ... of the group's mmvqp_rows(NCOLS, GLU) rows, so one warp's
+// activation loads are 512 contiguous bytes (four cache lines, where mmvq's 32-byte-per-lane chunks touch eight per
+// load) and its weight loads the matching bytes of two blocks, each block's header one 16-byte load; the group's
+// rows (4 at 5..8 columns) share the activations in registers. At 5..8 columns this is 0-25 % faster than mmvq
+// at the benchmark models' shapes (less L1 traffic per weight byte); at one column 35 % slower (Nsight Compute: 65 % of issue slots busy against
+// mmvq's 48 %: twice the decode work per value), and batching a lane's loads, overlapping them with the previous
+// dots or prefetching into L1 did not change that (BENCHMARKS.md). Launch rule (launch.mmvq_launch): block 128
+// threads in groups of 128/groups threads, groups chosen so a lane gets a few pieces per row; grid
+// ceil(m / (groups * mmvqp_rows(NCOLS, GLU))) summed over the matrices (GLU: over m0, each group dotting the gate
+// and up rows of its outputs: half the rows, >= 1).
+#ifndef MMVQP_ROWS_1
+#define MMVQP_ROWS_1 1
+#endif
+#ifndef MMVQP_ROWS_N
+#define MMVQP_ROWS_N 2
+#endif
+#ifndef MMVQP_ROWS_HI
+#define MMVQP_ROWS_HI 4
+#endif
+__host__ __device__ constexpr int mmvqp_rows(int ncols, int glu) {   // output rows per group (GLU: half, >= 1)
+    return glu ? (mmvqp_rows(ncols, 0) + 1) / 2 : ncols == 1 ? MMVQP_ROWS_1 : ncols <= 4 ? MMVQP_ROWS_N : MMVQP_ROWS_HI;
+}
+
+// Piece p of a row: piece_load<T> reads its bytes (PieceRaw<T>), piece_decode<T> turns them into v[0..3], its 16
+// values as int8 four per int, with value = d * v + m (all loads of an iteration are issued before any decode).
+template <int T> struct PieceRaw;
+template <int T> __device__ __forceinline__ PieceRaw<T> piece_load(const u8* row, int p);
+template <int T> __device__ __forceinline__ void piece_decode(const PieceRaw<T>& raw, int p, int v[4], float& d,
+                                                              float& m);
+
+// Q4_K block: d|dmin, 12 scale bytes, then 4 groups of 32 qs bytes; group g holds chunk 2g in its low nibbles and
+// chunk 2g+1 in its high nibbles. Piece pi = 2 * chunk + half of its block.
+template <> struct PieceRaw<T_Q4_K> { uint4 h, q; };
+template <> __device__ __forceinline__ PieceRaw<T_Q4_K> piece_load<T_Q4_K>(const u8* row, int p) {
+    const u8* b = row + (p >> 4) * 144;
+    const int pi = p & 15;
+    return {*(const uint4*)b, *(const uint4*)(b + 16 + 32 * (pi >> 2) + 16 * (pi & 1))};
+}
+template <> __device__ __forceinline__ void piece_decode<T_Q4_K>(const PieceRaw<T_Q4_K>& raw, int p, int v[4],
+                                                                 float& d, float& m) {
+    const int j = (p & 15) >> 1;
+    int sc, mn;
+    scale_min_k4_words(raw.h.y, raw.h.z, raw.h.w, j, sc, mn);
+    d = h2f((u16)raw.h.x) * (float)sc;
+    m = -(h2f((u16)(raw.h.x >> 16)) * (float)mn);
+    const int sh = 4 * (j & 1);
+    v[0] = (raw.q.x >> sh) & 0x0F0F0F0F; v[1] = (raw.q.y >> sh) & 0x0F0F0F0F;
+    v[2] = (raw.q.z >> sh) & 0x0F0F0F0F; v[3] = (raw.q.w >> sh) & 0x0F0F0F0F;
+}
+
+template <int T, int NCOLS, int GLU>
+__global__ void __launch_bounds__(MMVQ_THREADS, MMVQ_MIN_BLOCKS)
+mmvq_pieces(const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2,
+            const signed char* __restrict__ qs, const float2* __restrict__ ds, float* __restrict__ y0,
+            float* __restrict__ y1, float* __restrict__ y2, int m0, int m1, int m2, int k, long long row_bytes,
+            int groups) {
+    constexpr int OUT_ROWS = mmvqp_rows(NCOLS, GLU);              // output rows per group
+    constexpr int NR = GLU ? 2 * OUT_ROWS : OUT_ROWS;              // rows dotted per group (GLU: gate rows, up rows)
+    __shared__ float partial[NR][NCOLS][MMVQ_THREADS / 32];
+    const int tpg = MMVQ_THREADS / groups;
+    const int group = threadIdx.x / tpg, lane = threadIdx.x % tpg;
+    int b = blockIdx.x, m = m0;
+    const u8* w = w0;
+    float* y = y0;
+    if (!GLU) select_matrix(groups * OUT_ROWS, w1, w2, y1, y2, m0, m1, m2, b, w, y, m);
+    const int row0 = (b * groups + group) * OUT_ROWS;
+    const u8* wr[NR];                                 // rows past m read row m-1; their sums are not written
 #pragma unroll
-    for (int r = 0; r < MMVQ_ROWS; ++r)
+    for (int r = 0; r < NR; ++r) {
+        const int row = min(row0 + r % OUT_ROWS, m - 1);
+        wr[r] = (GLU ? (r < OUT_ROWS ? w0 : w1) : w) + (long long)row * row_bytes;
+    }
+    float acc[NR][NCOLS];
 #pragma unroll
-        for (int j = 0; j < NCOLS; ++j) {
-            float a = acc[r][j];
+    for (int r = 0; r < NR; ++r)
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-            if ((threadIdx.x & 31) == 0) partial[r][j][warp] = a;
+        for (int j = 0; j < NCOLS; ++j) acc[r][j] = 0.f;
+    const int pieces = k >> 4;
+    if (row0 < m) {
+        for (int p = lane; p < pieces; p += tpg) {
+            PieceRaw<T> raw[NR];
+#pragma unroll
+            for (int r = 0; r < NR; ++r) raw[r] = piece_load<T>(wr[r], p);
+            int4 a[NCOLS];
+            float2 sa[NCOLS];                                     // (d, d * sum) of the piece's activations
+#pragma unroll
+            for (int j = 0; j < NCOLS; ++j) {
+                a[j] = *(const int4*)(qs + (long long)j * k + p * 16);
+                sa[j] = ds[(long long)j * (k >> 4) + p];
+            }
+#pragma unroll
+            for (int r = 0; r < NR; ++r) {
+                int v[4];
+                float d, mw;
+                piece_decode<T>(raw[r], p, v, d, mw);
+#pragma unroll
+                for (int j = 0; j < NCOLS; ++j) {
+                    int s = dp4a(v[0], a[j].x, 0); s = dp4a(v[1], a[j].y, s);
+                    s = dp4a(v[2], a[j].z, s); s = dp4a(v[3], a[j].w, s);
+                    acc[r][j] += sa[j].x * d * (float)s + mw * sa[j].y;
+                }
+            }
         }
+    }
+    reduce_store<NR, OUT_ROWS, NCOLS, GLU>(acc, partial, groups, b, m, y);
+}
+
+// ---- MMVQ on the int8 tensor cores, for Q4_K (mmvq_mma_q4_K): same arguments, matrices, GLU and output as mmvq
+// (groups unused). A block of MMVQM_WARPS warps computes one 16-row tile of y^T for all NCOLS columns (padded to 8):
+// warp w takes the k-chunk pairs w, w + MMVQM_WARPS, ... (a pair: the 64 values of one 32-byte quant group, chunk
+// 2p in its low nibbles, 2p+1 in its high ones) and runs mma.m16n8k32 per chunk, weights as A, activations as B.
+// The k order inside a chunk is permuted alike in A and B so every lane's operands are plain loads: lane (g, t)
+// takes quant bytes 8t..8t+7 of the group for rows g and g+8 (values 8t..8t+7 of both chunks) and activation bytes
+// 8t..8t+7 of column g. Integer dot per chunk, then acc += d_w * d_x * dot - m_w * (d_x * sum x) per (row, column);
+// the warps' tiles are summed through shared memory. The activations are read once per 16 rows, where mmvq reads
+// them once per row (per 1-4 rows). Launch rule (launch.mmvq_launch): block 32 * MMVQM_WARPS threads, grid
+// ceil(m / 16) summed over the matrices (GLU: over m0, each block dotting the gate and up tiles).
+// Not chosen by the dispatch (launch.MMA_MIN_COLS = 9; ENGINE_MMVQ_MMA=all forces it): on the H200 its time hardly
+// grows with the columns (q4_K 4096 x 14336: 38.6 us at n = 1, 40.4 at n = 8) but starts far too high: a 16-row
+// tile's k is walked by only 4 warps (8 warps: 27.8 us), so too few loads are in flight. Next: more warps per tile
+// (split k inside a larger block, or across blocks with a fixed-order sum).
+#ifndef MMVQM_WARPS
+#define MMVQM_WARPS 4
+#endif
+#ifndef MMVQM_BATCH                    // chunk pairs per warp whose loads are issued together
+#define MMVQM_BATCH 2
+#endif
+
+template <int NCOLS, int GLU>
+__global__ void __launch_bounds__(MMVQM_WARPS * 32, 16 / MMVQM_WARPS)
+mmvq_mma_q4_K(const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2,
+              const signed char* __restrict__ qs, const float2* __restrict__ ds, float* __restrict__ y0,
+              float* __restrict__ y1, float* __restrict__ y2, int m0, int m1, int m2, int k, long long row_bytes,
+              int groups) {
+    constexpr int NT = GLU ? 2 : 1;                                // row tiles: the rows, or gate rows and up rows
+    constexpr int U = MMVQM_BATCH;
+    __shared__ float partial[MMVQM_WARPS][NT][16][8];             // each warp's tiles [row][column]
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int b = blockIdx.x, m = m0;
+    const u8* w = w0;
+    float* y = y0;
+    if (!GLU) select_matrix(16, w1, w2, y1, y2, m0, m1, m2, b, w, y, m);
+    const int row0 = b * 16;
+    const u8* wr[NT][2];                                          // rows g and g + 8 (past m: row m - 1, unwritten)
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            wr[i][h] = (GLU ? (i ? w1 : w0) : w) + (long long)min(row0 + g + 8 * h, m - 1) * row_bytes;
+    const bool has_col = g < NCOLS;                               // this lane's B column
+    const signed char* act = qs + (long long)(has_col ? g : 0) * k + 8 * t;
+    float acc[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+        for (int l = 0; l < 4; ++l) acc[i][l] = 0.f;
+    const int pairs = k >> 6;
+    for (int p0 = warp; p0 < pairs; p0 += MMVQM_WARPS * U) {
+        uint2 wq[U][NT][2], xa[U][2];                             // quant bytes, activation bytes (chunks 2p, 2p+1)
+        uint4 hd[U][NT][2];                                       // block headers: d|dmin, 12 scale bytes
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int p = p0 + u * MMVQM_WARPS < pairs ? p0 + u * MMVQM_WARPS : p0;
+#pragma unroll
+            for (int i = 0; i < NT; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const u8* blk = wr[i][h] + (p >> 2) * 144;
+                    hd[u][i][h] = *(const uint4*)blk;
+                    wq[u][i][h] = *(const uint2*)(blk + 16 + 32 * (p & 3) + 8 * t);
+                }
+            xa[u][0] = has_col ? *(const uint2*)(act + 64 * p) : make_uint2(0u, 0u);
+            xa[u][1] = has_col ? *(const uint2*)(act + 64 * p + 32) : make_uint2(0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int p = p0 + u * MMVQM_WARPS;
+            if (p >= pairs) break;
+            float dx[2][2], sx[2][2];                             // [chunk][column 2t + q]: d_x, d_x * sum of x
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                const int col = 2 * t + q;
+                float4 v0 = make_float4(0.f, 0.f, 0.f, 0.f), v1 = v0;
+                if (col < NCOLS) {
+                    const float4* dsc = (const float4*)(ds + (long long)col * (k >> 4) + 4 * p);
+                    v0 = dsc[0];
+                    v1 = dsc[1];
+                }
+                dx[0][q] = v0.x; sx[0][q] = v0.y + v0.w;
+                dx[1][q] = v1.x; sx[1][q] = v1.y + v1.w;
+            }
+#pragma unroll
+            for (int i = 0; i < NT; ++i) {
+                float dw[2][2], mw[2][2];                         // [row g / g + 8][chunk]
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int cc = 0; cc < 2; ++cc) {
+                        int sc, mn;
+                        scale_min_k4_words(hd[u][i][h].y, hd[u][i][h].z, hd[u][i][h].w, 2 * (p & 3) + cc, sc, mn);
+                        dw[h][cc] = h2f((u16)hd[u][i][h].x) * (float)sc;
+                        mw[h][cc] = h2f((u16)(hd[u][i][h].x >> 16)) * (float)mn;
+                    }
+#pragma unroll
+                for (int cc = 0; cc < 2; ++cc) {
+                    const int a[4] = {(int)((wq[u][i][0].x >> (4 * cc)) & 0x0F0F0F0Fu),
+                                      (int)((wq[u][i][1].x >> (4 * cc)) & 0x0F0F0F0Fu),
+                                      (int)((wq[u][i][0].y >> (4 * cc)) & 0x0F0F0F0Fu),
+                                      (int)((wq[u][i][1].y >> (4 * cc)) & 0x0F0F0F0Fu)};
+                    const int bx[2] = {(int)xa[u][cc].x, (int)xa[u][cc].y};
+                    int c[4] = {0, 0, 0, 0};
+                    mma_k32(c, a, bx);
+#pragma unroll
+                    for (int l = 0; l < 4; ++l) {
+                        const int h = l >> 1, q = l & 1;
+                        acc[i][l] += dw[h][cc] * dx[cc][q] * (float)c[l] - mw[h][cc] * sx[cc][q];
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+        for (int l = 0; l < 4; ++l) partial[warp][i][g + 8 * (l >> 1)][2 * t + (l & 1)] = acc[i][l];
     __syncthreads();
-    const int wpg = tpg / 32;                                      // warps per group
-    if (threadIdx.x < groups * OUT_ROWS * NCOLS) {
-        const int gi = threadIdx.x / (OUT_ROWS * NCOLS), r = (threadIdx.x / NCOLS) % OUT_ROWS, j = threadIdx.x % NCOLS;
-        const int out_row = (b * groups + gi) * OUT_ROWS + r;
-        float a = 0.f;
-        for (int q = 0; q < wpg; ++q) a += partial[r][j][gi * wpg + q];
-        if (GLU) {
-            float u = 0.f;
-            for (int q = 0; q < wpg; ++q) u += partial[1][j][gi * wpg + q];
-            a = glu_act(GLU, a) * u;
+    for (int idx = threadIdx.x; idx < 16 * NCOLS; idx += MMVQM_WARPS * 32) {
+        const int r = idx / NCOLS, j = idx % NCOLS;
+        float a = 0.f, up = 0.f;
+#pragma unroll
+        for (int q = 0; q < MMVQM_WARPS; ++q) {
+            a += partial[q][0][r][j];
+            if (GLU) up += partial[q][NT - 1][r][j];
         }
-        if (out_row < m) y[(long long)j * m + out_row] = a;
+        if (GLU) a = glu_act(GLU, a) * up;
+        if (row0 + r < m) y[(long long)j * m + row0 + r] = a;
     }
 }
 
@@ -143,8 +414,27 @@ mmvq(const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict_
 #define INSTANTIATE_MMVQ(T) INSTANTIATE_MMVQ_N(T, 1) INSTANTIATE_MMVQ_N(T, 2) INSTANTIATE_MMVQ_N(T, 3) \
     INSTANTIATE_MMVQ_N(T, 4) INSTANTIATE_MMVQ_N(T, 5) INSTANTIATE_MMVQ_N(T, 6) INSTANTIATE_MMVQ_N(T, 7) \
     INSTANTIATE_MMVQ_N(T, 8)
+#define INSTANTIATE_MMVQP_G(T, N, G) template __global__ void mmvq_pieces<T, N, G>(const u8* __restrict__, \
+    const u8* __restrict__, const u8* __restrict__, const signed char* __restrict__, const float2* __restrict__, \
+    float* __restrict__, float* __restrict__, float* __restrict__, int, int, int, int, long long, int);
+#define INSTANTIATE_MMVQP_N(T, N) INSTANTIATE_MMVQP_G(T, N, 0) INSTANTIATE_MMVQP_G(T, N, 1) \
+    INSTANTIATE_MMVQP_G(T, N, 2)
+#define INSTANTIATE_MMVQP(T) INSTANTIATE_MMVQP_N(T, 1) INSTANTIATE_MMVQP_N(T, 2) INSTANTIATE_MMVQP_N(T, 3) \
+    INSTANTIATE_MMVQP_N(T, 4) INSTANTIATE_MMVQP_N(T, 5) INSTANTIATE_MMVQP_N(T, 6) INSTANTIATE_MMVQP_N(T, 7) \
+    INSTANTIATE_MMVQP_N(T, 8)
+#define INSTANTIATE_MMVQM_G(N, G) template __global__ void mmvq_mma_q4_K<N, G>(const u8* __restrict__, \
+    const u8* __restrict__, const u8* __restrict__, const signed char* __restrict__, const float2* __restrict__, \
+    float* __restrict__, float* __restrict__, float* __restrict__, int, int, int, int, long long, int);
+#define INSTANTIATE_MMVQM_N(N) INSTANTIATE_MMVQM_G(N, 0) INSTANTIATE_MMVQM_G(N, 1) INSTANTIATE_MMVQM_G(N, 2)
+INSTANTIATE_MMVQM_N(1) INSTANTIATE_MMVQM_N(2) INSTANTIATE_MMVQM_N(3) INSTANTIATE_MMVQM_N(4)
+INSTANTIATE_MMVQM_N(5) INSTANTIATE_MMVQM_N(6) INSTANTIATE_MMVQM_N(7) INSTANTIATE_MMVQM_N(8)
+#define FOR_EACH_PIECE_QTYPE(X) X(T_Q4_K)        // the types with a piece<T> (build.py PIECE_QTYPES)
 #ifdef MMVQ_ONLY_TYPE                                 // a benchmark's variant build: one type
 INSTANTIATE_MMVQ(MMVQ_ONLY_TYPE)
+#ifdef MMVQ_ONLY_PIECES
+INSTANTIATE_MMVQP(MMVQ_ONLY_TYPE)
+#endif
 #else
 FOR_EACH_QTYPE(INSTANTIATE_MMVQ)
+FOR_EACH_PIECE_QTYPE(INSTANTIATE_MMVQP)
 #endif
