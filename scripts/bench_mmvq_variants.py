@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Time MMVQ built with other tuning knobs (kernels/mmvq.cu: MMVQ_UNROLL, MMVQ_ROWS_1/_N/_HI, MMVQ_MIN_BLOCKS)
-at m = 4096, k = 14336, n = 1..8, for every thread-group split (groups = 1, 2, 4), to choose the defaults; and a plain
-streaming read of the weights' bytes (the ceiling at that size).
+"""Time MMVQ (kernels/mmvq.cu: mmvq, and mmvq_pieces for its types) built with other tuning knobs (MMVQ_UNROLL,
+MMVQ_ROWS_1/_N/_HI, MMVQ_MIN_BLOCKS, MMVQP_*) at m = 4096, k = 14336, n = 1..8, for every thread-group split
+(groups = 1, 2, 4), to choose the defaults; and a plain streaming read of the weights' bytes (the ceiling there).
 
     python scripts/bench_mmvq_variants.py [--types q4_K,q4_0,q6_K] [--reps 30]
 
@@ -21,15 +21,23 @@ from bench_kernels import TYPE_NAMES, K, M, time_batched  # noqa: E402
 
 from engine.quants import TYPES, random_blocks  # noqa: E402
 
-# (name, defines): the first (the defaults) is the reference; u = MMVQ_UNROLL, r = MMVQ_ROWS_1 / _N / _HI,
-# b = MMVQ_MIN_BLOCKS (blocks per SM the register allocation must allow)
-VARIANTS = [
-    ("u1 r1/2/2 b4", dict(MMVQ_UNROLL=1, MMVQ_ROWS_1=1, MMVQ_ROWS_N=2, MMVQ_ROWS_HI=2, MMVQ_MIN_BLOCKS=4)),
-    ("u1 r1/2/2 b1", dict(MMVQ_UNROLL=1, MMVQ_ROWS_1=1, MMVQ_ROWS_N=2, MMVQ_ROWS_HI=2, MMVQ_MIN_BLOCKS=1)),
-    ("u2 r2/2/2 b4", dict(MMVQ_UNROLL=2, MMVQ_ROWS_1=2, MMVQ_ROWS_N=2, MMVQ_ROWS_HI=2, MMVQ_MIN_BLOCKS=4)),
-    ("u1 r1/4/4 b4", dict(MMVQ_UNROLL=1, MMVQ_ROWS_1=1, MMVQ_ROWS_N=4, MMVQ_ROWS_HI=4, MMVQ_MIN_BLOCKS=4)),
-    ("u1 r1/2/2 b6", dict(MMVQ_UNROLL=1, MMVQ_ROWS_1=1, MMVQ_ROWS_N=2, MMVQ_ROWS_HI=2, MMVQ_MIN_BLOCKS=6)),
-]
+# (name, kernel, defines): per type, the first variant that applies is the reference (the defaults). mmvq: f = the
+# chunk iterations ahead a thread prefetches weight lines into L1 at one column / at 2..8 (MMVQ_PREFETCH_1 / _N);
+# mmvq_pieces (PIECE_QTYPES only): r = MMVQP_ROWS_1 / _N / _HI; mmvq_mma_q4_K (Q4_K only): w = MMVQM_WARPS,
+# u = MMVQM_BATCH. Earlier sessions' knobs (MMVQ_UNROLL, MMVQ_ROWS_*,
+# MMVQ_MIN_BLOCKS) are still there: their results are in BENCHMARKS.md.
+VARIANTS = [(f"mmvq f{f1}/{fn}", "mmvq", dict(MMVQ_PREFETCH_1=f1, MMVQ_PREFETCH_N=fn))
+            for f1, fn in ((0, 1), (0, 0))] + [
+    (f"pieces r{r}", "mmvq_pieces", dict(zip(("MMVQP_ROWS_1", "MMVQP_ROWS_N", "MMVQP_ROWS_HI"), map(int, r.split("/")))))
+    for r in ("1/2/4", "2/2/2")] + [
+    (f"mma w{w} u{u}", "mmvq_mma", dict(MMVQM_WARPS=w, MMVQM_BATCH=u)) for w, u in ((4, 2), (4, 1), (4, 4), (8, 2))]
+
+
+def applies(kernel: str, type_id: int) -> bool:
+    from engine.cuda import launch
+    return (kernel == "mmvq" or kernel == "mmvq_pieces" and type_id in launch.PIECE_TYPES
+            or kernel == "mmvq_mma" and type_id in launch.MMA_TYPES)
+
 
 STREAM_READ = r"""
 extern "C" __global__ void stream_read(const uint4* __restrict__ p, long long n16, unsigned* out) {
@@ -42,6 +50,37 @@ extern "C" __global__ void stream_read(const uint4* __restrict__ p, long long n1
     if (acc == 0x9e3779b9u) out[0] = acc;    // keeps the loads
 }
 """
+
+
+ROW_READ = r"""
+extern "C" __global__ void row_read(const uint4* __restrict__ p, int rows, int row16, int tpr, unsigned* out) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x, row = t / tpr, lane = t % tpr;
+    if (row >= rows) return;
+    const uint4* r = p + (long long)row * row16;
+    unsigned acc = 0;
+    for (int i = lane; i < row16; i += tpr) {
+        const uint4 v = r[i];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u) out[0] = acc;
+}
+"""
+
+
+def row_read(rows: int, row_bytes: int, reps: int) -> dict:
+    """The same bytes read the way MMVQ walks them: a group of tpr threads per row, 16-byte loads strided by tpr
+    within the row: {tpr: us} for tpr = 32, 64, 128."""
+    import cupy as cp
+    fn = cp.RawKernel(ROW_READ, "row_read")
+    nbytes = rows * row_bytes
+    bufs = [cp.ones(nbytes, cp.uint8) for _ in range(max(2, int(np.ceil(200e6 / nbytes))))]
+    out = cp.zeros(1, cp.uint32)
+    res = {}
+    for tpr in (32, 64, 128):
+        grid = ((rows * tpr + 127) // 128,)
+        res[tpr] = time_batched(lambda b: fn(grid, (128,), (b, np.int32(rows), np.int32(row_bytes // 16),
+                                                            np.int32(tpr), out)), bufs, reps)
+    return res
 
 
 def read_ceiling(nbytes: int, reps: int):
@@ -58,19 +97,26 @@ def read_ceiling(nbytes: int, reps: int):
     return best, nbytes / (best * 1e-6) / 1e9
 
 
-def build(type_id: int, defines: dict):
+def build(type_id: int, kernel: str, defines: dict):
     import cupy as cp
 
     from engine.cuda.build import NVRTC_OPTIONS, QTYPES, expanded_source
     tname = next(k for k, v in QTYPES.items() if v == type_id)
     opts = NVRTC_OPTIONS + tuple(f"-D{k}={v}" for k, v in defines.items()) + (f"-DMMVQ_ONLY_TYPE={tname}",)
-    names = [f"mmvq<{type_id}, {n}, 0>" for n in range(1, 9)]
+    opts += ("-DMMVQ_ONLY_PIECES",) if kernel == "mmvq_pieces" else ()
+    names = [f"mmvq_mma_q4_K<{n}, 0>" if kernel == "mmvq_mma" else f"{kernel}<{type_id}, {n}, 0>"
+             for n in range(1, 9)]
     mod = cp.RawModule(code=expanded_source("mmvq"), options=opts, name_expressions=names)
     return {n: mod.get_function(names[n - 1]) for n in range(1, 9)}
 
 
-def rows_for(defines: dict, n: int) -> int:
-    return defines["MMVQ_ROWS_1"] if n == 1 else defines["MMVQ_ROWS_N"] if n <= 4 else defines["MMVQ_ROWS_HI"]
+def rows_for(kernel: str, defines: dict, n: int) -> int:
+    from engine.cuda import launch
+    if kernel == "mmvq_mma":
+        return 16
+    pre = "MMVQP_ROWS" if kernel == "mmvq_pieces" else "MMVQ_ROWS"
+    key = f"{pre}_1" if n == 1 else f"{pre}_N" if n <= 4 else f"{pre}_HI"
+    return defines.get(key, launch.mmvqp_rows(n) if kernel == "mmvq_pieces" else launch.mmvq_rows(n))
 
 
 def main():
@@ -79,7 +125,7 @@ def main():
     from engine.cuda import launch
     from engine.cuda.weights import upload
     ap = argparse.ArgumentParser()
-    ap.add_argument("--types", default="q4_K,q4_0,q6_K")
+    ap.add_argument("--types", default="q4_K,q4_0,q6_K,q8_0,q5_K")
     ap.add_argument("--reps", type=int, default=30)
     args = ap.parse_args()
     rng = np.random.default_rng()
@@ -92,17 +138,22 @@ def main():
         xs = {n: cp.asarray(rng.standard_normal((n, K)).astype(np.float32)) for n in range(1, 9)}
         q8 = {n: launch.quantize_q8_1(xs[n]) for n in range(1, 9)}
         ref = {}
-        for vname, defines in VARIANTS:
-            fns = build(int(t), defines)
+        for vname, kname, defines in VARIANTS:
+            if not applies(kname, int(t)):
+                continue
+            fns = build(int(t), kname, defines)
             for n in range(1, 9):
                 qs, ds = q8[n]
-                for groups in (1, 2, 4):
+                mma = kname == "mmvq_mma"
+                threads = 32 * defines["MMVQM_WARPS"] if mma else launch.MMVQ_THREADS
+                for groups in (1,) if mma else (1, 2, 4):
                     out = cp.zeros((n, M), cp.float32)
-                    grid = ((M + groups * rows_for(defines, n) - 1) // (groups * rows_for(defines, n)),)
+                    rows = rows_for(kname, defines, n)
+                    grid = ((M + groups * rows - 1) // (groups * rows),)
                     null = np.uint64(0)
 
-                    def call(wi, fn=fns[n], grid=grid, out=out, qs=qs, ds=ds, n=n, groups=groups):
-                        fn(grid, (launch.MMVQ_THREADS,), (wi.data, null, null, qs, ds, out, null, null,
+                    def call(wi, fn=fns[n], grid=grid, out=out, qs=qs, ds=ds, n=n, groups=groups, threads=threads):
+                        fn(grid, (threads,), (wi.data, null, null, qs, ds, out, null, null,
                                                           np.int32(M), np.int32(0), np.int32(0), np.int32(K),
                                                           np.int64(wi.row_bytes), np.int32(groups)))
                     call(w0)
@@ -119,14 +170,21 @@ def main():
         info = TYPES[TYPE_NAMES[tname]]
         us, gbs = read_ceiling(M * K // info.block_size * info.type_size, args.reps)
         print(f"plain streaming read of the {tname} weights' size: {us:.1f} us, {gbs:.0f} GB/s")
+        row_bytes = K // info.block_size * info.type_size
+        if row_bytes % 16 == 0:
+            rr = row_read(M, row_bytes, args.reps)
+            print("  read row by row (tpr threads per row, as MMVQ walks it): " +
+                  ", ".join(f"tpr {t}: {us:.1f} us" for t, us in rr.items()))
     print(f"\nm = {M}, k = {K}; kernel us, best of groups 1/2/4 (the group count in brackets); medians of {args.reps}")
     for tname in args.types.split(","):
         nbytes = M * K // TYPES[TYPE_NAMES[tname]].block_size * TYPES[TYPE_NAMES[tname]].type_size
         print(f"\n{tname}: weights {nbytes / 1e6:.1f} MB")
         print("| variant | " + " | ".join(f"n={n}" for n in range(1, 9)) + " | n=1 GB/s | n=8 / n=1 | max rel err |")
         print("| --- " * 12 + "|")
-        for vname, _ in VARIANTS:
+        for vname, _, _ in VARIANTS:
             rs = [r for r in results if r[0] == tname and r[1] == vname]
+            if not rs:
+                continue
             best = {n: min((r for r in rs if r[2] == n), key=lambda r: r[4]) for n in range(1, 9)}
             err = max(r[5] for r in rs)
             print(f"| {vname} | " + " | ".join(f"{best[n][4]:.1f} ({best[n][3]})" for n in range(1, 9)) +
