@@ -45,3 +45,36 @@ def test_activation_forms_follow_the_last_array():
     assert acts.forms == {("q8_1", None): ("qs2", "ds2")} and acts.x is y
     acts.clear()
     assert acts.x is None and acts.forms == {}
+
+
+def test_mmvq_kernel_choice(monkeypatch):
+    """Q4_K takes mmvq_pieces at 5-8 columns and mmvq below; ENGINE_MMVQ_PIECES / ENGINE_MMVQ_MMA force a kernel."""
+    from engine.cuda.launch import mmvq_choice
+    q4k, q6k = int(GGMLType.Q4_K), int(GGMLType.Q6_K)
+    monkeypatch.delenv("ENGINE_MMVQ_PIECES", raising=False)
+    monkeypatch.delenv("ENGINE_MMVQ_MMA", raising=False)
+    assert [mmvq_choice(q4k, n, 0)[0].split("<")[0] for n in range(1, 9)] == ["mmvq"] * 4 + ["mmvq_pieces"] * 4
+    assert all(mmvq_choice(q6k, n, 0)[0].startswith("mmvq<") for n in range(1, 9))
+    assert mmvq_choice(q4k, 8, 1)[:2] == ("mmvq_pieces<12, 8, 1>", 2)       # GLU: half the rows of the group
+    monkeypatch.setenv("ENGINE_MMVQ_PIECES", "0")
+    assert mmvq_choice(q4k, 8, 0)[0] == "mmvq<12, 8, 0>"
+    monkeypatch.setenv("ENGINE_MMVQ_PIECES", "all")
+    assert mmvq_choice(q4k, 1, 0)[0] == "mmvq_pieces<12, 1, 0>"
+    monkeypatch.setenv("ENGINE_MMVQ_MMA", "all")
+    assert mmvq_choice(q4k, 3, 2)[0] == "mmvq_mma_q4_K<3, 2>" and mmvq_choice(q6k, 3, 0)[0] == "mmvq<14, 3, 0>"
+
+
+def test_mmvq_group_rules():
+    """The row-group splits measured fastest on the H200 (scripts/bench_mmvq_groups.py, BENCHMARKS.md)."""
+    from engine.cuda.launch import _mmvq_groups, _mmvqp_groups
+    q4k, q6k, q4_1 = int(GGMLType.Q4_K), int(GGMLType.Q6_K), int(GGMLType.Q4_1)
+    # q4_K, the synthetic 8B's and 1B's matrices: (m, k) -> groups
+    for (m, k), g in {(4096, 4096): 4, (14336, 4096): 4, (4096, 14336): 4, (1024, 4096): 1, (2048, 2048): 2,
+                      (512, 2048): 2, (8192, 2048): 4, (2048, 8192): 2}.items():
+        assert _mmvq_groups(q4k, m, k) == g, (m, k)
+    assert _mmvq_groups(q4k, 4096 + 2 * 1024, 4096) == 4          # a q/k/v launch counts all its rows
+    assert _mmvq_groups(q6k, 4096, 14336) == 1                    # other types: by k only
+    assert _mmvq_groups(q4_1, 576, 576) == 4 and _mmvq_groups(q4_1, 1536, 576) == 4
+    for (m, k), g in {(4096, 4096): 2, (14336, 4096): 4, (4096, 14336): 2, (1024, 4096): 1, (2048, 2048): 1,
+                      (8192, 2048): 4, (2048, 8192): 1, (640, 640): 4}.items():
+        assert _mmvqp_groups(q4k, m, k) == g, (m, k)

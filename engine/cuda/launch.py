@@ -93,13 +93,19 @@ def _one_group(t: int, m: int, k: int) -> int:
     return 1
 
 
-def _mmvq_kernel(t: int, n: int, glu: int) -> tuple:
-    """(kernel, output rows per group, groups function, threads per block) of the MMVQ kernel for type t, n columns."""
+def mmvq_choice(t: int, n: int, glu: int) -> tuple:
+    """(kernel name, output rows per group, groups function, threads per block) of the MMVQ kernel for type t at n
+    columns (glu: 0, or 1 / 2 for the silu / gelu epilogue)."""
     if _use_mma(t, n):
-        return kernel("mmvq", f"mmvq_mma_q4_K<{n}, {glu}>"), 16, _one_group, 32 * MMVQM_WARPS
+        return f"mmvq_mma_q4_K<{n}, {glu}>", 16, _one_group, 32 * MMVQM_WARPS
     if _use_pieces(t, n):
-        return kernel("mmvq", f"mmvq_pieces<{t}, {n}, {glu}>"), mmvqp_rows(n, glu), _mmvqp_groups, MMVQ_THREADS
-    return kernel("mmvq", f"mmvq<{t}, {n}, {glu}>"), 1 if glu else mmvq_rows(n), _mmvq_groups, MMVQ_THREADS
+        return f"mmvq_pieces<{t}, {n}, {glu}>", mmvqp_rows(n, glu), _mmvqp_groups, MMVQ_THREADS
+    return f"mmvq<{t}, {n}, {glu}>", 1 if glu else mmvq_rows(n), _mmvq_groups, MMVQ_THREADS
+
+
+def _mmvq_kernel(t: int, n: int, glu: int) -> tuple:
+    name, rows, groups_for, threads = mmvq_choice(t, n, glu)
+    return kernel("mmvq", name), rows, groups_for, threads
 
 
 def mmvq(w: GPUWeight, qs, ds, n: int, out=None):
