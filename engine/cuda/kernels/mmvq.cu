@@ -10,7 +10,7 @@
 // row's weight chunk; grid ceil(m / (groups * mmvq_rows(NCOLS))). Registers are capped at 128 per thread
 // (MMVQ_MIN_BLOCKS = 4 blocks per SM): at 6-8 columns 9-19 % faster than the 168 registers left to themselves
 // (BENCHMARKS.md, scripts/bench_mmvq_variants.py). At 2..8 columns a thread prefetches the weight lines of its next
-// chunk into L1 (MMVQ_PREFETCH_N; 2-10 % faster there on the H200, slower at one column).
+// chunk into L1 (MMVQ_PREFETCH_N; on the H200 up to 12 % faster there, q6_K at 8 columns equal; slower at one).
 //
 // One launch serves up to three matrices of the same type and k multiplied by the same activations (q, k and v):
 // w0..w2 with m0..m2 rows (m = 0: absent) into y0..y2; the grid is the sum of the three grids, in order.
