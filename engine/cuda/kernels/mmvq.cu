@@ -38,8 +38,9 @@
 #ifndef MMVQ_UNROLL
 #define MMVQ_UNROLL 1
 #endif
-#ifndef MMVQ_PREFETCH_1                // chunk iterations ahead whose weight lines a thread prefetches into L1 (0: none),
-#define MMVQ_PREFETCH_1 0              // at one column and at 2..8 columns
+// chunk iterations ahead whose weight lines a thread prefetches into L1 (0: none), at one column and at 2..8 columns
+#ifndef MMVQ_PREFETCH_1
+#define MMVQ_PREFETCH_1 0
 #endif
 #ifndef MMVQ_PREFETCH_N
 #define MMVQ_PREFETCH_N 1
@@ -47,6 +48,14 @@
 __host__ __device__ constexpr int mmvq_rows(int ncols) {
     return ncols == 1 ? MMVQ_ROWS_1 : ncols <= 4 ? MMVQ_ROWS_N : MMVQ_ROWS_HI;
 }
+
+// The parameters every MMVQ kernel takes (launch.mmvq_args builds them), and their types for the instantiations.
+#define MMVQ_PARAMS const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2, \
+    const signed char* __restrict__ qs, const float2* __restrict__ ds, float* __restrict__ y0, float* __restrict__ y1, \
+    float* __restrict__ y2, int m0, int m1, int m2, int k, long long row_bytes, int groups
+#define MMVQ_PARAM_TYPES const u8* __restrict__, const u8* __restrict__, const u8* __restrict__, \
+    const signed char* __restrict__, const float2* __restrict__, float* __restrict__, float* __restrict__, \
+    float* __restrict__, int, int, int, int, long long, int
 
 __device__ __forceinline__ float glu_act(int glu, float g) {
     return glu == 1 ? g / (1.0f + expf(-g))
@@ -62,6 +71,25 @@ __device__ __forceinline__ void select_matrix(int per_block, const u8* w1, const
         b -= nb0; w = w1; y = y1; m = m1;
         if (b >= nb1) { b -= nb1; w = w2; y = y2; m = m2; }
     }
+}
+
+// Where a thread of a 128-thread MMVQ block in groups of 128/groups threads works: its lane in its group, the matrix
+// its block serves (w, y with m rows; GLU: w0, y0) and the block's index b in it, and its group's first output row.
+struct MmvqGroup {
+    int lane, b, m, row0;
+    const u8* w;
+    float* y;
+};
+template <int OUT_ROWS, int GLU>
+__device__ __forceinline__ MmvqGroup mmvq_group(const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                                                float* y2, int m0, int m1, int m2, int groups) {
+    const int tpg = MMVQ_THREADS / groups;                        // threads per group
+    const int group = threadIdx.x / tpg, lane = threadIdx.x % tpg;
+    int b = blockIdx.x, m = m0;
+    const u8* w = w0;
+    float* y = y0;
+    if (!GLU) select_matrix(groups * OUT_ROWS, w1, w2, y1, y2, m0, m1, m2, b, w, y, m);
+    return {lane, b, m, (b * groups + group) * OUT_ROWS, w, y};
 }
 
 // Sum each group's per-thread sums acc[NR][NCOLS] over its threads (warp shuffles, then the group's warps through
@@ -99,20 +127,12 @@ __device__ __forceinline__ void reduce_store(const float (&acc)[NR][NCOLS],
 
 template <int T, int NCOLS, int GLU>
 __global__ void __launch_bounds__(MMVQ_THREADS, MMVQ_MIN_BLOCKS)
-mmvq(const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2,
-     const signed char* __restrict__ qs, const float2* __restrict__ ds, float* __restrict__ y0,
-     float* __restrict__ y1, float* __restrict__ y2, int m0, int m1, int m2, int k, long long row_bytes,
-     int groups) {
+mmvq(MMVQ_PARAMS) {
     constexpr int MMVQ_ROWS = GLU ? 2 : mmvq_rows(NCOLS);        // rows dotted per group (GLU: gate and up row)
     constexpr int OUT_ROWS = GLU ? 1 : MMVQ_ROWS;                  // output rows per group
     __shared__ float partial[MMVQ_ROWS][NCOLS][MMVQ_THREADS / 32];
     const int tpg = MMVQ_THREADS / groups;                       // threads per group
-    const int group = threadIdx.x / tpg, lane = threadIdx.x % tpg;
-    int b = blockIdx.x, m = m0;
-    const u8* w = w0;
-    float* y = y0;
-    if (!GLU) select_matrix(groups * OUT_ROWS, w1, w2, y1, y2, m0, m1, m2, b, w, y, m);
-    const int row0 = (b * groups + group) * OUT_ROWS;
+    const auto [lane, b, m, row0, w, y] = mmvq_group<OUT_ROWS, GLU>(w0, w1, w2, y0, y1, y2, m0, m1, m2, groups);
     const int chunks = k / 32;
     float acc[MMVQ_ROWS][NCOLS];
 #pragma unroll
@@ -172,10 +192,10 @@ mmvq(const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict_
 // activation loads are 512 contiguous bytes (four cache lines, where mmvq's 32-byte-per-lane chunks touch eight per
 // load) and its weight loads the matching bytes of two blocks, each block's header one 16-byte load; the group's
 // rows (4 at 5..8 columns) share the activations in registers. At 5..8 columns this is 0-25 % faster than mmvq
-// at the benchmark models' shapes (less L1 traffic per weight byte); at one column 35 % slower (Nsight Compute: 65 % of issue slots busy against
-// mmvq's 48 %: twice the decode work per value), and batching a lane's loads, overlapping them with the previous
-// dots or prefetching into L1 did not change that (BENCHMARKS.md). Launch rule (launch.mmvq_launch): block 128
-// threads in groups of 128/groups threads, groups chosen so a lane gets a few pieces per row; grid
+// at the benchmark models' shapes (less L1 traffic per weight byte); at one column 35 % slower (Nsight Compute: 65 %
+// of issue slots busy against mmvq's 48 %: twice the decode work per value), and batching a lane's loads,
+// overlapping them with the previous dots or prefetching into L1 did not change that (BENCHMARKS.md). Launch rule
+// (launch.mmvq_launch): block 128 threads in groups of 128/groups threads (launch._mmvqp_groups); grid
 // ceil(m / (groups * mmvqp_rows(NCOLS, GLU))) summed over the matrices (GLU: over m0, each group dotting the gate
 // and up rows of its outputs: half the rows, >= 1).
 #ifndef MMVQP_ROWS_1
@@ -220,20 +240,12 @@ template <> __device__ __forceinline__ void piece_decode<T_Q4_K>(const PieceRaw<
 
 template <int T, int NCOLS, int GLU>
 __global__ void __launch_bounds__(MMVQ_THREADS, MMVQ_MIN_BLOCKS)
-mmvq_pieces(const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2,
-            const signed char* __restrict__ qs, const float2* __restrict__ ds, float* __restrict__ y0,
-            float* __restrict__ y1, float* __restrict__ y2, int m0, int m1, int m2, int k, long long row_bytes,
-            int groups) {
+mmvq_pieces(MMVQ_PARAMS) {
     constexpr int OUT_ROWS = mmvqp_rows(NCOLS, GLU);              // output rows per group
     constexpr int NR = GLU ? 2 * OUT_ROWS : OUT_ROWS;              // rows dotted per group (GLU: gate rows, up rows)
     __shared__ float partial[NR][NCOLS][MMVQ_THREADS / 32];
     const int tpg = MMVQ_THREADS / groups;
-    const int group = threadIdx.x / tpg, lane = threadIdx.x % tpg;
-    int b = blockIdx.x, m = m0;
-    const u8* w = w0;
-    float* y = y0;
-    if (!GLU) select_matrix(groups * OUT_ROWS, w1, w2, y1, y2, m0, m1, m2, b, w, y, m);
-    const int row0 = (b * groups + group) * OUT_ROWS;
+    const auto [lane, b, m, row0, w, y] = mmvq_group<OUT_ROWS, GLU>(w0, w1, w2, y0, y1, y2, m0, m1, m2, groups);
     const u8* wr[NR];                                 // rows past m read row m-1; their sums are not written
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
@@ -298,10 +310,7 @@ mmvq_pieces(const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __re
 
 template <int NCOLS, int GLU>
 __global__ void __launch_bounds__(MMVQM_WARPS * 32, 16 / MMVQM_WARPS)
-mmvq_mma_q4_K(const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2,
-              const signed char* __restrict__ qs, const float2* __restrict__ ds, float* __restrict__ y0,
-              float* __restrict__ y1, float* __restrict__ y2, int m0, int m1, int m2, int k, long long row_bytes,
-              int groups) {
+mmvq_mma_q4_K(MMVQ_PARAMS) {
     constexpr int NT = GLU ? 2 : 1;                                // row tiles: the rows, or gate rows and up rows
     constexpr int U = MMVQM_BATCH;
     __shared__ float partial[MMVQM_WARPS][NT][16][8];             // each warp's tiles [row][column]
@@ -407,24 +416,18 @@ mmvq_mma_q4_K(const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __
     }
 }
 
-#define INSTANTIATE_MMVQ_G(T, N, G) template __global__ void mmvq<T, N, G>(const u8* __restrict__, \
-    const u8* __restrict__, const u8* __restrict__, const signed char* __restrict__, const float2* __restrict__, \
-    float* __restrict__, float* __restrict__, float* __restrict__, int, int, int, int, long long, int);
+#define INSTANTIATE_MMVQ_G(T, N, G) template __global__ void mmvq<T, N, G>(MMVQ_PARAM_TYPES);
 #define INSTANTIATE_MMVQ_N(T, N) INSTANTIATE_MMVQ_G(T, N, 0) INSTANTIATE_MMVQ_G(T, N, 1) INSTANTIATE_MMVQ_G(T, N, 2)
 #define INSTANTIATE_MMVQ(T) INSTANTIATE_MMVQ_N(T, 1) INSTANTIATE_MMVQ_N(T, 2) INSTANTIATE_MMVQ_N(T, 3) \
     INSTANTIATE_MMVQ_N(T, 4) INSTANTIATE_MMVQ_N(T, 5) INSTANTIATE_MMVQ_N(T, 6) INSTANTIATE_MMVQ_N(T, 7) \
     INSTANTIATE_MMVQ_N(T, 8)
-#define INSTANTIATE_MMVQP_G(T, N, G) template __global__ void mmvq_pieces<T, N, G>(const u8* __restrict__, \
-    const u8* __restrict__, const u8* __restrict__, const signed char* __restrict__, const float2* __restrict__, \
-    float* __restrict__, float* __restrict__, float* __restrict__, int, int, int, int, long long, int);
+#define INSTANTIATE_MMVQP_G(T, N, G) template __global__ void mmvq_pieces<T, N, G>(MMVQ_PARAM_TYPES);
 #define INSTANTIATE_MMVQP_N(T, N) INSTANTIATE_MMVQP_G(T, N, 0) INSTANTIATE_MMVQP_G(T, N, 1) \
     INSTANTIATE_MMVQP_G(T, N, 2)
 #define INSTANTIATE_MMVQP(T) INSTANTIATE_MMVQP_N(T, 1) INSTANTIATE_MMVQP_N(T, 2) INSTANTIATE_MMVQP_N(T, 3) \
     INSTANTIATE_MMVQP_N(T, 4) INSTANTIATE_MMVQP_N(T, 5) INSTANTIATE_MMVQP_N(T, 6) INSTANTIATE_MMVQP_N(T, 7) \
     INSTANTIATE_MMVQP_N(T, 8)
-#define INSTANTIATE_MMVQM_G(N, G) template __global__ void mmvq_mma_q4_K<N, G>(const u8* __restrict__, \
-    const u8* __restrict__, const u8* __restrict__, const signed char* __restrict__, const float2* __restrict__, \
-    float* __restrict__, float* __restrict__, float* __restrict__, int, int, int, int, long long, int);
+#define INSTANTIATE_MMVQM_G(N, G) template __global__ void mmvq_mma_q4_K<N, G>(MMVQ_PARAM_TYPES);
 #define INSTANTIATE_MMVQM_N(N) INSTANTIATE_MMVQM_G(N, 0) INSTANTIATE_MMVQM_G(N, 1) INSTANTIATE_MMVQM_G(N, 2)
 INSTANTIATE_MMVQM_N(1) INSTANTIATE_MMVQM_N(2) INSTANTIATE_MMVQM_N(3) INSTANTIATE_MMVQM_N(4)
 INSTANTIATE_MMVQM_N(5) INSTANTIATE_MMVQM_N(6) INSTANTIATE_MMVQM_N(7) INSTANTIATE_MMVQM_N(8)
