@@ -7,8 +7,9 @@ kernel choice.
     python scripts/bench_mmvq_groups.py [--reps 30]
 
 Kernel time: a CUDA graph of 20 launches on preallocated buffers (no host cost between them, which the small
-matrices would otherwise measure), weights rotated over copies that together exceed the L2; medians of reps / 20. Each row: type, m x k, kernel, then per n the fastest split and its time, with the rule's
-split and its time where the rule picks another.
+matrices would otherwise measure), weights rotated over copies that together exceed the L2; medians of reps / 20.
+Each row: type, m x k, kernel, then per n the fastest split and its time, with the rule's split and its time where
+the rule picks another.
 """
 import argparse
 import sys
@@ -61,7 +62,6 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     args = ap.parse_args()
     rng = np.random.default_rng()
-    null = np.uint64(0)
     print("| type | m x k | kernel | " + " | ".join(f"n={n}" for n in range(1, 9)) + " |")
     print("| --- " * 11 + "|")
     for tname, m, k in SHAPES:
@@ -89,9 +89,7 @@ def main():
                     grid = ((m + groups * rows_of(n) - 1) // (groups * rows_of(n)),)
 
                     def call(wi, fn=fn, grid=grid, out=out, qs=qs, ds=ds, groups=groups, threads=threads):
-                        fn(grid, (threads,), (wi.data, null, null, qs, ds, out, null, null, np.int32(m),
-                                                          np.int32(0), np.int32(0), np.int32(k),
-                                                          np.int64(wi.row_bytes), np.int32(groups)))
+                        fn(grid, (threads,), launch.mmvq_args([wi], qs, ds, [out], groups))
                     times[groups] = time_graph(call, ws, args.reps)
                 best = min(times, key=times.get)
                 chosen = rule(int(t), m, k)

@@ -28,7 +28,8 @@ from engine.quants import TYPES, random_blocks  # noqa: E402
 # MMVQ_MIN_BLOCKS) are still there: their results are in BENCHMARKS.md.
 VARIANTS = [(f"mmvq f{f1}/{fn}", "mmvq", dict(MMVQ_PREFETCH_1=f1, MMVQ_PREFETCH_N=fn))
             for f1, fn in ((0, 1), (0, 0))] + [
-    (f"pieces r{r}", "mmvq_pieces", dict(zip(("MMVQP_ROWS_1", "MMVQP_ROWS_N", "MMVQP_ROWS_HI"), map(int, r.split("/")))))
+    (f"pieces r{r}", "mmvq_pieces",
+     dict(zip(("MMVQP_ROWS_1", "MMVQP_ROWS_N", "MMVQP_ROWS_HI"), map(int, r.split("/")))))
     for r in ("1/2/4", "2/2/2")] + [
     (f"mma w{w} u{u}", "mmvq_mma", dict(MMVQM_WARPS=w, MMVQM_BATCH=u)) for w, u in ((4, 2), (4, 1), (4, 4), (8, 2))]
 
@@ -150,12 +151,9 @@ def main():
                     out = cp.zeros((n, M), cp.float32)
                     rows = rows_for(kname, defines, n)
                     grid = ((M + groups * rows - 1) // (groups * rows),)
-                    null = np.uint64(0)
 
                     def call(wi, fn=fns[n], grid=grid, out=out, qs=qs, ds=ds, n=n, groups=groups, threads=threads):
-                        fn(grid, (threads,), (wi.data, null, null, qs, ds, out, null, null,
-                                                          np.int32(M), np.int32(0), np.int32(0), np.int32(K),
-                                                          np.int64(wi.row_bytes), np.int32(groups)))
+                        fn(grid, (threads,), launch.mmvq_args([wi], qs, ds, [out], groups))
                     call(w0)
                     y = out.get()
                     if n not in ref:

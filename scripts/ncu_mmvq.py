@@ -21,7 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 METRICS = ("Duration", "SM Frequency", "DRAM Throughput", "L1/TEX Cache Throughput", "L2 Cache Throughput",
-           "Compute (SM) Throughput", "Issue Slots Busy", "Achieved Occupancy", "L1/TEX Hit Rate", "Registers Per Thread")
+           "Compute (SM) Throughput", "Issue Slots Busy", "Achieved Occupancy", "L1/TEX Hit Rate",
+           "Registers Per Thread")
 
 
 def run_kernels(args):
@@ -36,7 +37,6 @@ def run_kernels(args):
     t = TYPE_NAMES[args.type]
     rng = np.random.default_rng()
     w = upload(t, (args.m, args.k), random_blocks(t, args.m * args.k // TYPES[t].block_size, rng))
-    null = np.uint64(0)
     for n in (int(c) for c in args.ncols.split(",")):
         qs, ds = launch.quantize_q8_1(cp.asarray(rng.standard_normal((n, args.k)).astype(np.float32)))
         y = cp.empty((n, args.m), cp.float32)
@@ -51,9 +51,7 @@ def run_kernels(args):
             fn = kernel("mmvq", name)
             grid = ((args.m + groups * rows - 1) // (groups * rows),)
             for _ in range(2):
-                fn(grid, (threads,), (w.data, null, null, qs, ds, y, null, null, np.int32(args.m),
-                                                  np.int32(0), np.int32(0), np.int32(args.k), np.int64(w.row_bytes),
-                                                  np.int32(groups)))
+                fn(grid, (threads,), launch.mmvq_args([w], qs, ds, [y], groups))
     cp.cuda.runtime.deviceSynchronize()
 
 
@@ -70,7 +68,8 @@ def main():
         return
     cmd = ["ncu", "--clock-control", "none", "--csv", "--page", "details", "-k", "regex:mmvq",
            "--section", "SpeedOfLight", "--section", "Occupancy", "--section", "MemoryWorkloadAnalysis",
-           "--section", "LaunchStats", "--section", "ComputeWorkloadAnalysis", sys.executable, __file__, "--run", "--type", args.type, "--m", str(args.m),
+           "--section", "LaunchStats", "--section", "ComputeWorkloadAnalysis",
+           sys.executable, __file__, "--run", "--type", args.type, "--m", str(args.m),
            "--k", str(args.k), "--ncols", args.ncols]
     r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith('"')]

@@ -78,3 +78,12 @@ def test_mmvq_group_rules():
     for (m, k), g in {(4096, 4096): 2, (14336, 4096): 4, (4096, 14336): 2, (1024, 4096): 1, (2048, 2048): 1,
                       (8192, 2048): 4, (2048, 8192): 1, (640, 640): 4}.items():
         assert _mmvqp_groups(q4k, m, k) == g, (m, k)
+
+
+def test_mmvq_args_layout():
+    """The MMVQ kernels' argument tuple (kernels/mmvq.cu MMVQ_PARAMS): absent matrices are null with 0 rows."""
+    from engine.cuda.launch import mmvq_args
+    q, v = GPUWeight(GGMLType.Q4_K, 4096, 2048, "wq", 1152), GPUWeight(GGMLType.Q4_K, 1024, 2048, "wv", 1152)
+    args = mmvq_args([q, v], "qs", "ds", ["yq", "yv"], 4)
+    assert args[:8] == ("wq", "wv", 0, "qs", "ds", "yq", "yv", 0)
+    assert [int(a) for a in args[8:]] == [4096, 1024, 0, 2048, 1152, 4]

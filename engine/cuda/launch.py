@@ -131,12 +131,17 @@ def mmvq_launch(ws: list[GPUWeight], qs, ds, n: int, ys: list) -> tuple:
     groups = groups_for(int(w0.type), sum(w.m for w in ws), w0.k)
     per_block = groups * rows
     grid = (sum((w.m + per_block - 1) // per_block for w in ws),)
+    return fn, grid, (threads,), mmvq_args(ws, qs, ds, ys, groups)
+
+
+def mmvq_args(ws: list[GPUWeight], qs, ds, ys: list, groups: int) -> tuple:
+    """The arguments every MMVQ kernel takes (kernels/mmvq.cu MMVQ_PARAMS): up to 3 matrices of one type and k
+    multiplied by the q8_1 activations (qs, ds) into ys, absent ones as null pointers with 0 rows."""
     pad = 3 - len(ws)
     wptr = [w.data for w in ws] + [np.uint64(0)] * pad
     yptr = list(ys) + [np.uint64(0)] * pad
     ms = [np.int32(w.m) for w in ws] + [np.int32(0)] * pad
-    return (fn, grid, (threads,),
-            (*wptr, qs, ds, *yptr, *ms, np.int32(w0.k), np.int64(w0.row_bytes), np.int32(groups)))
+    return (*wptr, qs, ds, *yptr, *ms, np.int32(ws[0].k), np.int64(ws[0].row_bytes), np.int32(groups))
 
 
 GLU_ACTS = {"silu": 1, "gelu": 2}
