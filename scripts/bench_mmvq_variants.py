@@ -22,16 +22,20 @@ from bench_kernels import TYPE_NAMES, K, M, time_batched  # noqa: E402
 from engine.quants import TYPES, random_blocks  # noqa: E402
 
 # (name, kernel, defines): per type, the first variant that applies is the reference (the defaults). mmvq: f = the
-# chunk iterations ahead a thread prefetches weight lines into L1 at one column / at 2..8 (MMVQ_PREFETCH_1 / _N);
+# chunk iterations ahead a thread prefetches weight lines into L1 at one column / at 2..8 (MMVQ_PREFETCH_1 / _N),
+# "a2 halves" = the types with 2-byte aligned blocks (Q4_0, Q5_0, Q8_0, Q3_K, Q6_K, IQ4_NL) loading their quant
+# bytes as 2-byte halves (A2_AS_WORDS=0, before; a no-op for the other types);
 # mmvq_pieces (PIECE_QTYPES only): r = MMVQP_ROWS_1 / _N / _HI; mmvq_mma_q4_K (Q4_K only): w = MMVQM_WARPS,
-# u = MMVQM_BATCH. Earlier sessions' knobs (MMVQ_UNROLL, MMVQ_ROWS_*,
+# p = MMVQM_PAIRS. Earlier sessions' knobs (MMVQ_UNROLL, MMVQ_ROWS_*,
 # MMVQ_MIN_BLOCKS) are still there: their results are in BENCHMARKS.md.
 VARIANTS = [(f"mmvq f{f1}/{fn}", "mmvq", dict(MMVQ_PREFETCH_1=f1, MMVQ_PREFETCH_N=fn))
             for f1, fn in ((0, 1), (0, 0))] + [
+    ("mmvq a2 halves", "mmvq", dict(A2_AS_WORDS=0))] + [
     (f"pieces r{r}", "mmvq_pieces",
      dict(zip(("MMVQP_ROWS_1", "MMVQP_ROWS_N", "MMVQP_ROWS_HI"), map(int, r.split("/")))))
     for r in ("1/2/4", "2/2/2")] + [
-    (f"mma w{w} u{u}", "mmvq_mma", dict(MMVQM_WARPS=w, MMVQM_BATCH=u)) for w, u in ((4, 2), (4, 1), (4, 4), (8, 2))]
+    (f"mma w{w} p{u}", "mmvq_mma", dict(MMVQM_WARPS=w, MMVQM_PAIRS=u))
+    for w, u in ((16, 2), (8, 2), (8, 4), (16, 1), (16, 4), (32, 1), (32, 2))]
 
 
 def applies(kernel: str, type_id: int) -> bool:

@@ -110,6 +110,28 @@ __device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
     return (u32)q[0] | ((u32)q[1] << 16);
 }
 __device__ __forceinline__ u32 ld_u32_a4(const u8* p) { return *(const u32*)p; }
+
+#ifndef A2_AS_WORDS             // 1: ld_words_a2 as aligned words funnel-shifted, 0: as 2-byte halves (measured)
+#define A2_AS_WORDS 1
+#endif
+// N little-endian words at a 2-byte aligned address p (the quant bytes of the types whose blocks are 2-byte
+// aligned): N aligned 4-byte loads and, where p is not 4-byte aligned, a 2-byte one, funnel-shifted together (N + 1
+// loads where ld_u32_a2 takes 2N). Reads no byte outside p .. p + 4N.
+template <int N> __device__ __forceinline__ void ld_words_a2(const u8* p, u32 out[N]) {
+    if (!A2_AS_WORDS) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) out[i] = ld_u32_a2(p + 4 * i);
+        return;
+    }
+    const u32 sh = ((u32)(unsigned long long)p & 2u) * 8u;          // 0 or 16
+    const u32* a = (const u32*)(p - sh / 8);
+    u32 w[N + 1];
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = a[i];
+    w[N] = sh ? (u32)*(const u16*)(a + N) : 0u;
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = __funnelshift_r(w[i], w[i + 1], sh);
+}
 __device__ __forceinline__ float ld_f16(const u8* p) { return h2f(*(const u16*)p); }
 
 // bits 0..3 of x -> bit 4 of bytes 0..3
@@ -162,9 +184,11 @@ template <int T> __device__ __forceinline__ void unpack(const u8* row, int c, in
 template <> __device__ __forceinline__ void unpack<T_Q4_0>(const u8* row, int c, int v[8], ChunkScale& s) {
     const u8* b = row + c * 18;
     same_halves(s, ld_f16(b), 0.f);
+    u32 qw[4];
+    ld_words_a2<4>(b + 2, qw);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        u32 q = ld_u32_a2(b + 2 + 4 * i);
+        const u32 q = qw[i];
         v[i] = sub_bytes(q & 0x0F0F0F0F, 0x08080808);
         v[4 + i] = sub_bytes((q >> 4) & 0x0F0F0F0F, 0x08080808);
     }
@@ -184,10 +208,11 @@ template <> __device__ __forceinline__ void unpack<T_Q4_1>(const u8* row, int c,
 template <> __device__ __forceinline__ void unpack<T_Q5_0>(const u8* row, int c, int v[8], ChunkScale& s) {
     const u8* b = row + c * 22;
     same_halves(s, ld_f16(b), 0.f);
-    u32 qh = ld_u32_a2(b + 2);
+    u32 qh = ld_u32_a2(b + 2), qw[4];
+    ld_words_a2<4>(b + 6, qw);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        u32 q = ld_u32_a2(b + 6 + 4 * i);
+        const u32 q = qw[i];
         v[i] = sub_bytes((q & 0x0F0F0F0F) | spread4_to_bit4(qh >> (4 * i)), 0x10101010);
         v[4 + i] = sub_bytes(((q >> 4) & 0x0F0F0F0F) | spread4_to_bit4(qh >> (16 + 4 * i)), 0x10101010);
     }
@@ -208,8 +233,7 @@ template <> __device__ __forceinline__ void unpack<T_Q5_1>(const u8* row, int c,
 template <> __device__ __forceinline__ void unpack<T_Q8_0>(const u8* row, int c, int v[8], ChunkScale& s) {
     const u8* b = row + c * 34;
     same_halves(s, ld_f16(b), 0.f);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = (int)ld_u32_a2(b + 2 + 4 * i);
+    ld_words_a2<8>(b + 2, (u32*)v);
 }
 
 template <> __device__ __forceinline__ void unpack<T_Q2_K>(const u8* row, int c, int v[8], ChunkScale& s) {
@@ -239,10 +263,13 @@ template <> __device__ __forceinline__ void unpack<T_Q3_K>(const u8* row, int c,
         s.d[k] = d * (float)((lo | (hi << 4)) - 32);
         s.m[k] = 0.f;
     }
+    u32 qw[8], hw[8];
+    ld_words_a2<8>(b + 32 + h * 32, qw);
+    ld_words_a2<8>(b, hw);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-        u32 q = (ld_u32_a2(b + 32 + h * 32 + 4 * i) >> sh) & 0x03030303;
-        u32 hm = ((~(ld_u32_a2(b + 4 * i) >> hbit)) & 0x01010101) << 2;   // 4 where the high bit is clear
+        u32 q = (qw[i] >> sh) & 0x03030303;
+        u32 hm = ((~(hw[i] >> hbit)) & 0x01010101) << 2;   // 4 where the high bit is clear
         v[i] = sub_bytes(q, hm);
     }
 }
@@ -279,29 +306,34 @@ template <> __device__ __forceinline__ void unpack<T_Q5_K>(const u8* row, int c,
     }
 }
 
+// Q6_K block (210 bytes, so blocks are only 2-byte aligned): ql[128], qh[64], 16 int8 scales, d. Chunk j (32 values)
+// of the block: ql bytes h * 64 + (k & 1) * 32 .. in nibble k >> 1, qh bytes 128 + h * 32 .. at bits 2k, h = j / 4,
+// k = j % 4; its two 16-value halves have scales 2k and 2k + 1 of the h-th 8.
 template <> __device__ __forceinline__ void unpack<T_Q6_K>(const u8* row, int c, int v[8], ChunkScale& s) {
     const u8* b = row + (c >> 3) * 210;
     const int j = c & 7, h = j >> 2, k = j & 3;
     const float d = ld_f16(b + 208);
-    const signed char* sc = (const signed char*)(b + 192);
-    s.d[0] = d * (float)sc[h * 8 + 2 * k];
-    s.d[1] = d * (float)sc[h * 8 + 2 * k + 1];
+    const u16 sc2 = *(const u16*)(b + 192 + h * 8 + 2 * k);            // scales 2k, 2k + 1 (int8 each)
+    s.d[0] = d * (float)(signed char)(sc2 & 0xFF);
+    s.d[1] = d * (float)(signed char)(sc2 >> 8);
     s.m[0] = s.m[1] = 0.f;
     const int shl = 4 * (k >> 1), shh = 2 * k;
+    u32 ql[8], qh[8];
+    ld_words_a2<8>(b + h * 64 + (k & 1) * 32, ql);
+    ld_words_a2<8>(b + 128 + h * 32, qh);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        u32 ql = (ld_u32_a2(b + h * 64 + (k & 1) * 32 + 4 * i) >> shl) & 0x0F0F0F0F;
-        u32 qh = ((ld_u32_a2(b + 128 + h * 32 + 4 * i) >> shh) & 0x03030303) << 4;
-        v[i] = sub_bytes(ql | qh, 0x20202020);
-    }
+    for (int i = 0; i < 8; ++i)
+        v[i] = sub_bytes(((ql[i] >> shl) & 0x0F0F0F0F) | (((qh[i] >> shh) & 0x03030303) << 4), 0x20202020);
 }
 
 template <> __device__ __forceinline__ void unpack<T_IQ4_NL>(const u8* row, int c, int v[8], ChunkScale& s) {
     const u8* b = row + c * 18;
     same_halves(s, ld_f16(b), 0.f);
+    u32 qw[4];
+    ld_words_a2<4>(b + 2, qw);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        u32 q = ld_u32_a2(b + 2 + 4 * i);
+        const u32 q = qw[i];
         v[i] = (int)iq4_lookup(q & 0x0F0F0F0F);
         v[4 + i] = (int)iq4_lookup((q >> 4) & 0x0F0F0F0F);
     }
