@@ -101,17 +101,17 @@ def test_mul_mat_float(t):
     from engine.cuda.dispatch import mul_mat
     from engine.cuda.weights import upload
     rng = np.random.default_rng()
-    m, k = 200, 600
-    wf = rng.standard_normal((m, k)).astype(np.float16 if t == GGMLType.F16 else np.float32)
-    w = upload(t, (m, k), wf.view(np.uint8))
-    for n in NCOLS:
-        x = rng.standard_normal((n, k)).astype(np.float32)
-        xr = x.astype(np.float16).astype(np.float64) if t == GGMLType.F16 and n > 8 else x.astype(np.float64)
-        ref = xr @ wf.astype(np.float64).T
-        out = cp.full((n, m), cp.nan, cp.float32)
-        y = mul_mat(w, cp.asarray(x), out=out).get()
-        assert np.isfinite(y).all()
-        assert nmse(y, ref) <= 1e-6, (n, nmse(y, ref))
+    for m, k in ((200, 600), (77, 301)):          # 16-byte rows (MMVF's vector loads) and not (plain loads)
+        wf = rng.standard_normal((m, k)).astype(np.float16 if t == GGMLType.F16 else np.float32)
+        w = upload(t, (m, k), wf.view(np.uint8))
+        for n in NCOLS:
+            x = rng.standard_normal((n, k)).astype(np.float32)
+            xr = x.astype(np.float16).astype(np.float64) if t == GGMLType.F16 and n > 8 else x.astype(np.float64)
+            ref = xr @ wf.astype(np.float64).T
+            out = cp.full((n, m), cp.nan, cp.float32)
+            y = mul_mat(w, cp.asarray(x), out=out).get()
+            assert np.isfinite(y).all()
+            assert nmse(y, ref) <= 1e-6, (m, k, n, nmse(y, ref))
 
 
 @pytest.mark.parametrize("kernel", ["mma", "pieces", "mmvq"])

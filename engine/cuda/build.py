@@ -42,7 +42,8 @@ def name_expressions(family: str) -> list[str]:
                 for t in types for n in range(1, 9) for g in range(3)] + [
             f"mmvq_mma_q4_K<{n}, {g}>" for n in range(1, 9) for g in range(3)]
     if family == "mmvf":
-        return [f"mmvf<{w}, {n}>" for w in ("float", "u16") for n in range(1, 9)]
+        return [f"mmvf<{w}, {n}, {v}>" for w, vec in (("float", 4), ("u16", 8)) for n in range(1, 9)
+                for v in (vec, 1)]
     if family == "mmq":
         return [f"mmq<{t}>" for t in qtypes]
     if family == "argmax":

@@ -195,15 +195,26 @@ def dequantize_into(w: GPUWeight, out, rows=None):
     return out
 
 
+MMVF_THREADS = 128
+
+
+def mmvf_rows(ncols: int) -> int:
+    """Rows each 128-thread MMVF block serves (kernels/mmvf.cu mmvf_rows, default MMVF_ROWS_*)."""
+    return 2 if ncols == 1 else 4 if ncols <= 3 else 8
+
+
 def mmvf(w: GPUWeight, x, out=None):
     """y [n, m] = x W^T for f16/f32 weights and n <= 8."""
     cp = _cp()
     n = x.shape[0]
+    x = cp.ascontiguousarray(x, dtype=cp.float32)
     y = out if out is not None else cp.empty((n, w.m), cp.float32)
-    wt = "u16" if w.data.dtype == cp.float16 else "float"
-    kernel("mmvf", f"mmvf<{wt}, {n}>")(((w.m + 3) // 4,), (32, 4),
-                                        (w.data, cp.ascontiguousarray(x, dtype=cp.float32), y,
-                                         np.int32(w.m), np.int32(w.k)))
+    wt, vec = ("u16", 8) if w.data.dtype == cp.float16 else ("float", 4)
+    if w.k % vec or w.data.data.ptr % 16 or x.data.ptr % 16:     # rows not 16-byte aligned: plain loads
+        vec = 1
+    rows = mmvf_rows(n)
+    kernel("mmvf", f"mmvf<{wt}, {n}, {vec}>")(((w.m + rows - 1) // rows,), (MMVF_THREADS,),
+                                               (w.data, x, y, np.int32(w.m), np.int32(w.k)))
     return y
 
 
