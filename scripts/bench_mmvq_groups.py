@@ -4,7 +4,7 @@ benchmark models, for the kernels of kernels/mmvq.cu (mmvq; mmvq_pieces and mmvq
 latter one 16-row tile per block): the data behind launch.py's _mmvq_groups / _mmvqp_groups rules and the
 kernel choice.
 
-    python scripts/bench_mmvq_groups.py [--reps 30]
+    python scripts/bench_mmvq_groups.py [--reps 30] [--types q4_K,q6_K,q4_1] [--kernels mmvq,mmvq_pieces,mmvq_mma]
 
 Kernel time: a CUDA graph of 20 launches on preallocated buffers (no host cost between them, which the small
 matrices would otherwise measure), weights rotated over copies that together exceed the L2; medians of reps / 20.
@@ -60,11 +60,15 @@ def main():
     from engine.cuda.weights import upload
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--types", default="q4_K,q6_K,q4_1")
+    ap.add_argument("--kernels", default="mmvq,mmvq_pieces,mmvq_mma")
     args = ap.parse_args()
     rng = np.random.default_rng()
     print("| type | m x k | kernel | " + " | ".join(f"n={n}" for n in range(1, 9)) + " |")
     print("| --- " * 11 + "|")
     for tname, m, k in SHAPES:
+        if tname not in args.types.split(","):
+            continue
         t = TYPE_NAMES[tname]
         blocks = random_blocks(t, m * k // TYPES[t].block_size, rng)
         w0 = upload(t, (m, k), blocks)
@@ -79,6 +83,8 @@ def main():
             kinds.append(("mmvq_mma", lambda n: f"mmvq_mma_q4_K<{n}, 0>", lambda n: 16, launch._one_group,
                           32 * launch.MMVQM_WARPS, (1,)))
         for kname, name_of, rows_of, rule, threads, splits in kinds:
+            if kname not in args.kernels.split(","):
+                continue
             cells = []
             for n in range(1, 9):
                 qs, ds = launch.quantize_q8_1(cp.asarray(rng.standard_normal((n, k)).astype(np.float32)))

@@ -30,8 +30,8 @@ PIECES_MIN_COLS = 5                                 # ... from this many columns
 
 
 MMA_TYPES = frozenset({12})                          # Q4_K: served by mmvq_mma_q4_K ...
-MMA_MIN_COLS = 9                                    # ... from this many columns (9: not chosen by default)
-MMVQM_WARPS = 4                                     # kernels/mmvq.cu: warps per mmvq_mma_q4_K block
+MMA_MIN_COLS = 9                                    # ... from this many columns (9: not chosen; slower, BENCHMARKS.md)
+MMVQM_WARPS = 16                                    # kernels/mmvq.cu: warps per mmvq_mma_q4_K block
 
 
 def _use_mma(t: int, n: int) -> bool:

@@ -288,31 +288,35 @@ mmvq_pieces(MMVQ_PARAMS) {
 }
 
 // ---- MMVQ on the int8 tensor cores, for Q4_K (mmvq_mma_q4_K): same arguments, matrices, GLU and output as mmvq
-// (groups unused). A block of MMVQM_WARPS warps computes one 16-row tile of y^T for all NCOLS columns (padded to 8):
-// warp w takes the k-chunk pairs w, w + MMVQM_WARPS, ... (a pair: the 64 values of one 32-byte quant group, chunk
-// 2p in its low nibbles, 2p+1 in its high ones) and runs mma.m16n8k32 per chunk, weights as A, activations as B.
-// The k order inside a chunk is permuted alike in A and B so every lane's operands are plain loads: lane (g, t)
-// takes quant bytes 8t..8t+7 of the group for rows g and g+8 (values 8t..8t+7 of both chunks) and activation bytes
-// 8t..8t+7 of column g. Integer dot per chunk, then acc += d_w * d_x * dot - m_w * (d_x * sum x) per (row, column);
-// the warps' tiles are summed through shared memory. The activations are read once per 16 rows, where mmvq reads
-// them once per row (per 1-4 rows). Launch rule (launch.mmvq_launch): block 32 * MMVQM_WARPS threads, grid
-// ceil(m / 16) summed over the matrices (GLU: over m0, each block dotting the gate and up tiles).
-// Not chosen by the dispatch (launch.MMA_MIN_COLS = 9; ENGINE_MMVQ_MMA=all forces it): on the H200 its time hardly
-// grows with the columns (q4_K 4096 x 14336: 38.6 us at n = 1, 40.4 at n = 8) but starts far too high: a 16-row
-// tile's k is walked by only 4 warps (8 warps: 27.8 us), so too few loads are in flight. Next: more warps per tile
-// (split k inside a larger block, or across blocks with a fixed-order sum).
+// (groups unused). A block of MMVQM_WARPS warps computes one 16-row tile of y^T for all NCOLS columns (padded to 8).
+// The tile's k is cut into steps of MMVQM_PAIRS consecutive chunk pairs (a pair: the 64 values of one 32-byte quant
+// group, chunk 2p in its low nibbles, 2p+1 in its high ones; a step stays inside one 256-value block), taken by the
+// warps in turn, so the block reads MMVQM_WARPS steps of each of its 16 rows side by side. Per step a lane issues
+// all its loads first (the two block headers, MMVQM_PAIRS quant words per row, the activations), then runs
+// mma.m16n8k32 per chunk, weights as A, activations as B. The k order inside a chunk is permuted alike in A and B so
+// every lane's operands are plain loads: lane (g, t) takes quant bytes 8t..8t+7 of the group for rows g and g+8
+// (values 8t..8t+7 of both chunks) and activation bytes 8t..8t+7 of column g. Integer dot per chunk, then
+// acc += d_w * d_x * dot - m_w * (d_x * sum x) per (row, column); the warps' tiles are summed through shared memory
+// in a fixed order. The activations are read once per 16 rows, where mmvq reads them once per row (per 1-4 rows).
+// Launch rule (launch.mmvq_launch): block 32 * MMVQM_WARPS threads, grid ceil(m / 16) summed over the matrices (GLU:
+// over m0, each block dotting the gate and up tiles).
+// Not chosen by the dispatch (launch.MMA_MIN_COLS = 9; ENGINE_MMVQ_MMA=all forces it). On the H200 at 4096 x 14336
+// (scripts/bench_mmvq_variants.py, 7 warp / pair settings) its best n = 1 is 19.3 us and best n = 8 31.0 us, where
+// mmvq takes 15.8 and mmvq_pieces 30.4: more warps per tile (4 -> 8..32) took it from 36-46 us to there, and no
+// setting is faster than the two other kernels at any column count or benchmark-model shape.
 #ifndef MMVQM_WARPS
-#define MMVQM_WARPS 4
+#define MMVQM_WARPS 16
 #endif
-#ifndef MMVQM_BATCH                    // chunk pairs per warp whose loads are issued together
-#define MMVQM_BATCH 2
+#ifndef MMVQM_PAIRS                    // chunk pairs per warp step: 1, 2 or 4
+#define MMVQM_PAIRS 2
 #endif
 
 template <int NCOLS, int GLU>
-__global__ void __launch_bounds__(MMVQM_WARPS * 32, 16 / MMVQM_WARPS)
+__global__ void __launch_bounds__(MMVQM_WARPS * 32)
 mmvq_mma_q4_K(MMVQ_PARAMS) {
     constexpr int NT = GLU ? 2 : 1;                                // row tiles: the rows, or gate rows and up rows
-    constexpr int U = MMVQM_BATCH;
+    constexpr int U = MMVQM_PAIRS;
+    static_assert(4 % U == 0, "a step's pairs lie in one block");
     __shared__ float partial[MMVQM_WARPS][NT][16][8];             // each warp's tiles [row][column]
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int b = blockIdx.x, m = m0;
@@ -325,7 +329,7 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
     for (int i = 0; i < NT; ++i)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-            wr[i][h] = (GLU ? (i ? w1 : w0) : w) + (long long)min(row0 + g + 8 * h, m - 1) * row_bytes;
+            wr[i][h] = (GLU ? (i ? w1 : w0) : w) + (long long)min(row0 + g + 8 * h, m - 1) * row_bytes + 8 * t;
     const bool has_col = g < NCOLS;                               // this lane's B column
     const signed char* act = qs + (long long)(has_col ? g : 0) * k + 8 * t;
     float acc[NT][4];
@@ -333,28 +337,27 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
     for (int i = 0; i < NT; ++i)
 #pragma unroll
         for (int l = 0; l < 4; ++l) acc[i][l] = 0.f;
-    const int pairs = k >> 6;
-    for (int p0 = warp; p0 < pairs; p0 += MMVQM_WARPS * U) {
-        uint2 wq[U][NT][2], xa[U][2];                             // quant bytes, activation bytes (chunks 2p, 2p+1)
-        uint4 hd[U][NT][2];                                       // block headers: d|dmin, 12 scale bytes
+    const int steps = (k >> 6) / U;
+    for (int s = warp; s < steps; s += MMVQM_WARPS) {
+        const int p0 = s * U, blk = (p0 >> 2) * 144, q0 = 16 + 32 * (p0 & 3);
+        uint4 hd[NT][2];                                          // block headers: d|dmin, 12 scale bytes
+        uint2 wq[U][NT][2], xa[U][2];                             // quant bytes; activation bytes (chunks 2p, 2p+1)
+#pragma unroll
+        for (int i = 0; i < NT; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                hd[i][h] = *(const uint4*)(wr[i][h] - 8 * t + blk);
+#pragma unroll
+                for (int u = 0; u < U; ++u) wq[u][i][h] = *(const uint2*)(wr[i][h] + blk + q0 + 32 * u);
+            }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const int p = p0 + u * MMVQM_WARPS < pairs ? p0 + u * MMVQM_WARPS : p0;
-#pragma unroll
-            for (int i = 0; i < NT; ++i)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const u8* blk = wr[i][h] + (p >> 2) * 144;
-                    hd[u][i][h] = *(const uint4*)blk;
-                    wq[u][i][h] = *(const uint2*)(blk + 16 + 32 * (p & 3) + 8 * t);
-                }
-            xa[u][0] = has_col ? *(const uint2*)(act + 64 * p) : make_uint2(0u, 0u);
-            xa[u][1] = has_col ? *(const uint2*)(act + 64 * p + 32) : make_uint2(0u, 0u);
+            xa[u][0] = has_col ? *(const uint2*)(act + 64 * (p0 + u)) : make_uint2(0u, 0u);
+            xa[u][1] = has_col ? *(const uint2*)(act + 64 * (p0 + u) + 32) : make_uint2(0u, 0u);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const int p = p0 + u * MMVQM_WARPS;
-            if (p >= pairs) break;
+            const int p = p0 + u;
             float dx[2][2], sx[2][2];                             // [chunk][column 2t + q]: d_x, d_x * sum of x
 #pragma unroll
             for (int q = 0; q < 2; ++q) {
@@ -376,9 +379,9 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 #pragma unroll
                     for (int cc = 0; cc < 2; ++cc) {
                         int sc, mn;
-                        scale_min_k4_words(hd[u][i][h].y, hd[u][i][h].z, hd[u][i][h].w, 2 * (p & 3) + cc, sc, mn);
-                        dw[h][cc] = h2f((u16)hd[u][i][h].x) * (float)sc;
-                        mw[h][cc] = h2f((u16)(hd[u][i][h].x >> 16)) * (float)mn;
+                        scale_min_k4_words(hd[i][h].y, hd[i][h].z, hd[i][h].w, 2 * (p & 3) + cc, sc, mn);
+                        dw[h][cc] = h2f((u16)hd[i][h].x) * (float)sc;
+                        mw[h][cc] = h2f((u16)(hd[i][h].x >> 16)) * (float)mn;
                     }
 #pragma unroll
                 for (int cc = 0; cc < 2; ++cc) {
