@@ -68,8 +68,7 @@ __device__ __forceinline__ void attend_keys(const KV* kb, const KV* vb, long lon
         float s = 0.f;
 #pragma unroll
         for (int e = 0; e < MAXE; ++e) if (e < per) s += qv[e] * kv_load<KV>(kr + e * 32 + lane);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        s = warp_sum(s);
         const float m_new = fmaxf(m, s);
         const float corr = expf(m - m_new), pj = expf(s - m_new);
         l = l * corr + pj;
@@ -172,8 +171,7 @@ attention_split(const float* __restrict__ q, KV* cache_k, KV* cache_v,
     for (int o = 16; o > 0; o >>= 1) mall = fmaxf(mall, __shfl_xor_sync(0xffffffffu, mall, o));
     const float fz = lane < active ? expf(mz - mall) : 0.f;
     float lsum = lane < active ? fz * __ldcg(pp + lane * stride + 1) : 0.f;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, o);
+    lsum = warp_sum(lsum);
     float* oh = out + th * head_dim;
     for (int e = 0; e < per; ++e) {
         float a = 0.f;

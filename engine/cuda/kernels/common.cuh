@@ -87,11 +87,17 @@ __device__ __forceinline__ void warp_store_q8_1(float v, int lane, signed char* 
     if ((lane & 15) == 0) ds[lane >> 4] = make_float2(d, d * (float)sum);
 }
 
+// Sum over the 32 lanes of a warp (butterfly: every lane gets the total).
+__device__ __forceinline__ float warp_sum(float s) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    return s;
+}
+
 // Sum over a 1-D block (a multiple of 32 threads, at most 1024); every thread gets the total.
 __device__ __forceinline__ float block_sum(float s) {
     __shared__ float warp_sums[32];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    s = warp_sum(s);
     __syncthreads();                                   // warp_sums may still be read by a previous call
     if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = s;
     __syncthreads();

@@ -83,9 +83,7 @@ __global__ void __launch_bounds__(MMVF_THREADS) mmvf(const W* __restrict__ w, co
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int j = 0; j < NCOLS; ++j) {
-            float a = acc[r][j];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+            const float a = warp_sum(acc[r][j]);
             if (lane == 0) partial[warp][r][j] = a;
         }
     __syncthreads();

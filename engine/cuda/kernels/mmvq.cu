@@ -104,9 +104,7 @@ __device__ __forceinline__ void reduce_store(const float (&acc)[NR][NCOLS],
     for (int r = 0; r < NR; ++r)
 #pragma unroll
         for (int j = 0; j < NCOLS; ++j) {
-            float a = acc[r][j];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+            const float a = warp_sum(acc[r][j]);
             if ((threadIdx.x & 31) == 0) partial[r][j][warp] = a;
         }
     __syncthreads();
