@@ -20,23 +20,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from gpu_rounding import dispatch_rounding, round_like_gpu  # noqa: E402
+from test_tiny_models import nmse, run  # noqa: E402
 from tiny_models import N_VOCAB, write_tiny  # noqa: E402
 
 from engine.runtime import Runtime  # noqa: E402
 
 # (path forced, ubatch, kv_f32): the cases of test_cuda_q8_1_paths and test_cuda_dequant_path_matches_cpu
 CASES = [("mmvq", 8, False), ("mmq", 32, False), (None, 32, False), ("dequant", 32, False), ("dequant", 32, True)]
-
-
-def run(rt, prompt, dec):
-    out = [rt.prefill(prompt, all_logits=True)]
-    for i, tok in enumerate(dec):
-        out.append(rt.decode([0], [tok], [len(prompt) + i]))
-    return np.concatenate(out)
-
-
-def nmse(a, b):
-    return float(np.sum((a - b) ** 2) / np.sum(b ** 2))
 
 
 def main():
