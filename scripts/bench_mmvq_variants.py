@@ -3,7 +3,7 @@
 MMVQ_ROWS_1/_N/_HI, MMVQ_MIN_BLOCKS, MMVQP_*) at m = 4096, k = 14336, n = 1..8, for every thread-group split
 (groups = 1, 2, 4), to choose the defaults; and a plain streaming read of the weights' bytes (the ceiling there).
 
-    python scripts/bench_mmvq_variants.py [--types q4_K,q4_0,q6_K] [--reps 30]
+    python scripts/bench_mmvq_variants.py [--types q4_K,q4_0,q6_K] [--variants mmvq,pieces] [--reps 30]
 
 Each variant is compiled for one type at a time; its outputs are checked against the first variant's (the same sums
 in another order: relative error < 1e-5). Kernel time: 10 back-to-back launches on preallocated buffers / 10, weights
@@ -24,13 +24,14 @@ from engine.quants import TYPES, random_blocks  # noqa: E402
 # (name, kernel, defines): per type, the first variant that applies is the reference (the defaults). mmvq: f = the
 # chunk iterations ahead a thread prefetches weight lines into L1 at one column / at 2..8 (MMVQ_PREFETCH_1 / _N),
 # "a2 halves" = the types with 2-byte aligned blocks (Q4_0, Q5_0, Q8_0, Q3_K, Q6_K, IQ4_NL) loading their quant
-# bytes as 2-byte halves (A2_AS_WORDS=0, before; a no-op for the other types);
+# bytes as 2-byte halves (A2_AS_WORDS=0, before; a no-op for the other types); "narrow" = the 8/16-byte aligned types
+# (Q4_K's header, Q5_K, Q4_1's d|m, Q5_1, IQ4_XS) loading in 4-byte or narrower pieces (WIDE_LOADS=0, before);
 # mmvq_pieces (PIECE_QTYPES only): r = MMVQP_ROWS_1 / _N / _HI; mmvq_mma_q4_K (Q4_K only): w = MMVQM_WARPS,
 # p = MMVQM_PAIRS. Earlier sessions' knobs (MMVQ_UNROLL, MMVQ_ROWS_*,
 # MMVQ_MIN_BLOCKS) are still there: their results are in BENCHMARKS.md.
 VARIANTS = [(f"mmvq f{f1}/{fn}", "mmvq", dict(MMVQ_PREFETCH_1=f1, MMVQ_PREFETCH_N=fn))
             for f1, fn in ((0, 1), (0, 0))] + [
-    ("mmvq a2 halves", "mmvq", dict(A2_AS_WORDS=0))] + [
+    ("mmvq a2 halves", "mmvq", dict(A2_AS_WORDS=0)), ("mmvq narrow", "mmvq", dict(WIDE_LOADS=0))] + [
     (f"pieces r{r}", "mmvq_pieces",
      dict(zip(("MMVQP_ROWS_1", "MMVQP_ROWS_N", "MMVQP_ROWS_HI"), map(int, r.split("/")))))
     for r in ("1/2/4", "2/2/2")] + [
@@ -132,7 +133,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--types", default="q4_K,q4_0,q6_K,q8_0,q5_K")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--variants", default="", help="only the variants whose names start with one of these")
     args = ap.parse_args()
+    wanted = [v for v in args.variants.split(",") if v]
     rng = np.random.default_rng()
     results = []     # (type, variant, n, groups, us)
     for tname in args.types.split(","):
@@ -144,7 +147,7 @@ def main():
         q8 = {n: launch.quantize_q8_1(xs[n]) for n in range(1, 9)}
         ref = {}
         for vname, kname, defines in VARIANTS:
-            if not applies(kname, int(t)):
+            if not applies(kname, int(t)) or wanted and not any(vname.startswith(v) for v in wanted):
                 continue
             fns = build(int(t), kname, defines)
             for n in range(1, 9):
@@ -163,6 +166,7 @@ def main():
                     if n not in ref:
                         ref[n] = y
                     err = float(np.abs(y - ref[n]).max() / np.abs(ref[n]).max())
+                    time_batched(call, ws, 5)                # warm-up (clocks after the uploads / a new build)
                     us = time_batched(call, ws, args.reps)
                     results.append((tname, vname, n, groups, us, err))
         del ws, w0

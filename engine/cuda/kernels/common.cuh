@@ -117,6 +117,9 @@ __device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
 }
 __device__ __forceinline__ u32 ld_u32_a4(const u8* p) { return *(const u32*)p; }
 
+#ifndef WIDE_LOADS              // 1: the 8/16-byte aligned blocks' bytes in 8/16-byte loads, 0: narrower (measured)
+#define WIDE_LOADS 1
+#endif
 #ifndef A2_AS_WORDS             // 1: ld_words_a2 as aligned words funnel-shifted, 0: as 2-byte halves (measured)
 #define A2_AS_WORDS 1
 #endif
@@ -202,7 +205,12 @@ template <> __device__ __forceinline__ void unpack<T_Q4_0>(const u8* row, int c,
 
 template <> __device__ __forceinline__ void unpack<T_Q4_1>(const u8* row, int c, int v[8], ChunkScale& s) {
     const u8* b = row + c * 20;
-    same_halves(s, ld_f16(b), ld_f16(b + 2));
+    if (WIDE_LOADS) {
+        const u32 dm = ld_u32_a4(b);
+        same_halves(s, h2f((u16)dm), h2f((u16)(dm >> 16)));
+    } else {
+        same_halves(s, ld_f16(b), ld_f16(b + 2));
+    }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         u32 q = ld_u32_a4(b + 4 + 4 * i);
@@ -225,12 +233,19 @@ template <> __device__ __forceinline__ void unpack<T_Q5_0>(const u8* row, int c,
 }
 
 template <> __device__ __forceinline__ void unpack<T_Q5_1>(const u8* row, int c, int v[8], ChunkScale& s) {
-    const u8* b = row + c * 24;
-    same_halves(s, ld_f16(b), ld_f16(b + 2));
-    u32 qh = ld_u32_a4(b + 4);
+    const u8* b = row + c * 24;                     // 8-byte aligned: d|m|qh and the 16 qs bytes in 3 loads
+    uint2 hd, q0, q1;
+    if (WIDE_LOADS) {
+        hd = *(const uint2*)b; q0 = *(const uint2*)(b + 8); q1 = *(const uint2*)(b + 16);
+    } else {
+        hd = make_uint2(ld_u32_a4(b), ld_u32_a4(b + 4));
+        q0 = make_uint2(ld_u32_a4(b + 8), ld_u32_a4(b + 12)); q1 = make_uint2(ld_u32_a4(b + 16), ld_u32_a4(b + 20));
+    }
+    same_halves(s, h2f((u16)hd.x), h2f((u16)(hd.x >> 16)));
+    const u32 qh = hd.y, qw[4] = {q0.x, q0.y, q1.x, q1.y};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        u32 q = ld_u32_a4(b + 8 + 4 * i);
+        const u32 q = qw[i];
         v[i] = (q & 0x0F0F0F0F) | spread4_to_bit4(qh >> (4 * i));
         v[4 + i] = ((q >> 4) & 0x0F0F0F0F) | spread4_to_bit4(qh >> (16 + 4 * i));
     }
@@ -281,29 +296,46 @@ template <> __device__ __forceinline__ void unpack<T_Q3_K>(const u8* row, int c,
 }
 
 template <> __device__ __forceinline__ void unpack<T_Q4_K>(const u8* row, int c, int v[8], ChunkScale& s) {
-    // blocks are 144 bytes (16-byte aligned): d|dmin in one word, the 12 scale bytes in three, the chunk's 32 qs
-    // bytes in two 16-byte loads
+    // blocks are 144 bytes (16-byte aligned): d|dmin and the 12 scale bytes in one 16-byte load (WIDE_LOADS; else
+    // four word loads), the chunk's 32 qs bytes in two
     const u8* b = row + (c >> 3) * 144;
     const int j = c & 7;
-    const u32 dm = ld_u32_a4(b);
-    const u32 sw0 = ld_u32_a4(b + 4), sw1 = ld_u32_a4(b + 8), sw2 = ld_u32_a4(b + 12);
+    uint4 hd;
+    if (WIDE_LOADS) {
+        hd = *(const uint4*)b;
+    } else {
+        hd = make_uint4(ld_u32_a4(b), ld_u32_a4(b + 4), ld_u32_a4(b + 8), ld_u32_a4(b + 12));
+    }
     const uint4 q0 = *(const uint4*)(b + 16 + (j >> 1) * 32), q1 = *(const uint4*)(b + 32 + (j >> 1) * 32);
     int sc, mn;
-    scale_min_k4_words(sw0, sw1, sw2, j, sc, mn);
-    same_halves(s, h2f((u16)dm) * (float)sc, -(h2f((u16)(dm >> 16)) * (float)mn));
+    scale_min_k4_words(hd.y, hd.z, hd.w, j, sc, mn);
+    same_halves(s, h2f((u16)hd.x) * (float)sc, -(h2f((u16)(hd.x >> 16)) * (float)mn));
     const int sh = 4 * (j & 1);
     const u32 q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = (q[i] >> sh) & 0x0F0F0F0F;
 }
-
+// Q5_K block (176 bytes, 16-byte aligned): d, dmin, 12 scale bytes, qh[32] (bit j of byte i: value i of chunk j),
+// qs[128] as Q4_K's; with WIDE_LOADS the header, the qh bytes and the chunk's qs bytes in five 16-byte loads
 template <> __device__ __forceinline__ void unpack<T_Q5_K>(const u8* row, int c, int v[8], ChunkScale& s) {
     const u8* b = row + (c >> 3) * 176;
     const int j = c & 7;
     int sc, mn;
+    const int sh = 4 * (j & 1);
+    if (WIDE_LOADS) {
+        const uint4 hd = *(const uint4*)b;
+        const uint4 h0 = *(const uint4*)(b + 16), h1 = *(const uint4*)(b + 32);
+        const uint4 q0 = *(const uint4*)(b + 48 + (j >> 1) * 32), q1 = *(const uint4*)(b + 64 + (j >> 1) * 32);
+        scale_min_k4_words(hd.y, hd.z, hd.w, j, sc, mn);
+        same_halves(s, h2f((u16)hd.x) * (float)sc, -(h2f((u16)(hd.x >> 16)) * (float)mn));
+        const u32 q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        const u32 qh[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = ((q[i] >> sh) & 0x0F0F0F0F) | (((qh[i] >> j) & 0x01010101) << 4);
+        return;
+    }
     scale_min_k4(b + 4, j, sc, mn);
     same_halves(s, ld_f16(b) * (float)sc, -(ld_f16(b + 2) * (float)mn));
-    const int sh = 4 * (j & 1);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         u32 q = (ld_u32_a4(b + 48 + (j >> 1) * 32 + 4 * i) >> sh) & 0x0F0F0F0F;
@@ -346,14 +378,23 @@ template <> __device__ __forceinline__ void unpack<T_IQ4_NL>(const u8* row, int 
 }
 
 template <> __device__ __forceinline__ void unpack<T_IQ4_XS>(const u8* row, int c, int v[8], ChunkScale& s) {
-    const u8* b = row + (c >> 3) * 136;
+    const u8* b = row + (c >> 3) * 136;             // 8-byte aligned: d|scales_h|scales_l, the chunk's 16 qs bytes
     const int j = c & 7;
-    const u32 scales_h = *(const u16*)(b + 2);
-    const int ls = ((b[4 + (j >> 1)] >> (4 * (j & 1))) & 0xF) | (((scales_h >> (2 * j)) & 3) << 4);
-    same_halves(s, ld_f16(b) * (float)(ls - 32), 0.f);
+    uint2 hd, q0, q1;
+    if (WIDE_LOADS) {
+        hd = *(const uint2*)b; q0 = *(const uint2*)(b + 8 + 16 * j); q1 = *(const uint2*)(b + 16 + 16 * j);
+    } else {
+        hd = make_uint2(ld_u32_a4(b), ld_u32_a4(b + 4));
+        q0 = make_uint2(ld_u32_a4(b + 8 + 16 * j), ld_u32_a4(b + 12 + 16 * j));
+        q1 = make_uint2(ld_u32_a4(b + 16 + 16 * j), ld_u32_a4(b + 20 + 16 * j));
+    }
+    const u32 scales_h = hd.x >> 16;
+    const int ls = ((hd.y >> (4 * j)) & 0xF) | (((scales_h >> (2 * j)) & 3) << 4);
+    same_halves(s, h2f((u16)hd.x) * (float)(ls - 32), 0.f);
+    const u32 qw[4] = {q0.x, q0.y, q1.x, q1.y};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        u32 q = ld_u32_a4(b + 8 + 16 * j + 4 * i);
+        const u32 q = qw[i];
         v[i] = (int)iq4_lookup(q & 0x0F0F0F0F);
         v[4 + i] = (int)iq4_lookup((q >> 4) & 0x0F0F0F0F);
     }
