@@ -24,8 +24,8 @@ from engine.quants import TYPES, random_blocks  # noqa: E402
 # (name, kernel, defines): per type, the first variant that applies is the reference (the defaults). mmvq: f = the
 # chunk iterations ahead a thread prefetches weight lines into L1 at one column / at 2..8 (MMVQ_PREFETCH_1 / _N),
 # "a2 halves" = the types with 2-byte aligned blocks (Q4_0, Q5_0, Q8_0, Q3_K, Q6_K, IQ4_NL) loading their quant
-# bytes as 2-byte halves (A2_AS_WORDS=0, before; a no-op for the other types); "narrow" = the 8/16-byte aligned types
-# (Q4_K's header, Q5_K, Q4_1's d|m, Q5_1, IQ4_XS) loading in 4-byte or narrower pieces (WIDE_LOADS=0, before);
+# bytes as 2-byte halves (A2_AS_WORDS=0, before; a no-op for the other types); "narrow" = Q4_K's header, Q5_K and
+# IQ4_XS loading in 4-byte or narrower pieces (WIDE_LOADS=0, before; a no-op for the other types);
 # mmvq_pieces (PIECE_QTYPES only): r = MMVQP_ROWS_1 / _N / _HI; mmvq_mma_q4_K (Q4_K only): w = MMVQM_WARPS,
 # p = MMVQM_PAIRS. Earlier sessions' knobs (MMVQ_UNROLL, MMVQ_ROWS_*,
 # MMVQ_MIN_BLOCKS) are still there: their results are in BENCHMARKS.md.

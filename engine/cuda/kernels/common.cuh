@@ -117,7 +117,7 @@ __device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
 }
 __device__ __forceinline__ u32 ld_u32_a4(const u8* p) { return *(const u32*)p; }
 
-#ifndef WIDE_LOADS              // 1: the 8/16-byte aligned blocks' bytes in 8/16-byte loads, 0: narrower (measured)
+#ifndef WIDE_LOADS   // 1: Q4_K's header, Q5_K, IQ4_XS (16/8-byte aligned blocks) in 16/8-byte loads, 0: narrower (measured)
 #define WIDE_LOADS 1
 #endif
 #ifndef A2_AS_WORDS             // 1: ld_words_a2 as aligned words funnel-shifted, 0: as 2-byte halves (measured)
@@ -180,12 +180,20 @@ __device__ __forceinline__ void scale_min_k4_words(u32 sw0, u32 sw1, u32 sw2, in
     else { d = (byte(j + 4) & 0xF) | ((byte(j - 4) >> 6) << 4); m = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4); }
 }
 
-__constant__ signed char IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+// IQ4_NL's 16 values (engine/quants.py IQ4_NL_VALUES) four int8s to a little-endian word, codes 0-3, 4-7, 8-11, 12-15
+#define IQ4_NL_WORD(a, b, c, d) ((u32)(u8)(a) | (u32)(u8)(b) << 8 | (u32)(u8)(c) << 16 | (u32)(u8)(d) << 24)
 
-__device__ __forceinline__ u32 iq4_lookup(u32 nibbles) {  // four 4-bit codes (one per byte) -> four int8 values
-    const signed char* tab = IQ4_NL_VALUES;
-    return (u32)(u8)tab[nibbles & 0xF] | ((u32)(u8)tab[(nibbles >> 8) & 0xF] << 8) |
-           ((u32)(u8)tab[(nibbles >> 16) & 0xF] << 16) | ((u32)(u8)tab[(nibbles >> 24) & 0xF] << 24);
+// four 4-bit codes (one per byte) -> their four int8 values, from the table held in registers: two byte permutes
+// pick each code's value among codes 0-7 and among 8-15 (by its low 3 bits), a third keeps the one its bit 3 names.
+// (A __constant__ table indexed per lane serialized the warp's differing addresses: IQ4_XS MMVQ took 208 us at
+// 4096 x 14336, 150 GB/s.)
+__device__ __forceinline__ u32 iq4_lookup(u32 codes) {
+    constexpr u32 t0 = IQ4_NL_WORD(-127, -104, -83, -65), t1 = IQ4_NL_WORD(-49, -35, -22, -10),
+                  t2 = IQ4_NL_WORD(1, 13, 25, 38), t3 = IQ4_NL_WORD(53, 69, 89, 113);
+    const u32 x = codes | (codes >> 4);
+    const u32 sel = (x & 0xFF) | ((x >> 8) & 0xFF00);                 // the codes as nibbles 0..3
+    const u32 lo = __byte_perm(t0, t1, sel & 0x7777), hi = __byte_perm(t2, t3, sel & 0x7777);
+    return __byte_perm(lo, hi, 0x3210 | ((sel & 0x8888) >> 1));
 }
 
 template <int T> __device__ __forceinline__ void unpack(const u8* row, int c, int v[8], ChunkScale& s);
@@ -205,12 +213,7 @@ template <> __device__ __forceinline__ void unpack<T_Q4_0>(const u8* row, int c,
 
 template <> __device__ __forceinline__ void unpack<T_Q4_1>(const u8* row, int c, int v[8], ChunkScale& s) {
     const u8* b = row + c * 20;
-    if (WIDE_LOADS) {
-        const u32 dm = ld_u32_a4(b);
-        same_halves(s, h2f((u16)dm), h2f((u16)(dm >> 16)));
-    } else {
-        same_halves(s, ld_f16(b), ld_f16(b + 2));
-    }
+    same_halves(s, ld_f16(b), ld_f16(b + 2));
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         u32 q = ld_u32_a4(b + 4 + 4 * i);
@@ -233,19 +236,12 @@ template <> __device__ __forceinline__ void unpack<T_Q5_0>(const u8* row, int c,
 }
 
 template <> __device__ __forceinline__ void unpack<T_Q5_1>(const u8* row, int c, int v[8], ChunkScale& s) {
-    const u8* b = row + c * 24;                     // 8-byte aligned: d|m|qh and the 16 qs bytes in 3 loads
-    uint2 hd, q0, q1;
-    if (WIDE_LOADS) {
-        hd = *(const uint2*)b; q0 = *(const uint2*)(b + 8); q1 = *(const uint2*)(b + 16);
-    } else {
-        hd = make_uint2(ld_u32_a4(b), ld_u32_a4(b + 4));
-        q0 = make_uint2(ld_u32_a4(b + 8), ld_u32_a4(b + 12)); q1 = make_uint2(ld_u32_a4(b + 16), ld_u32_a4(b + 20));
-    }
-    same_halves(s, h2f((u16)hd.x), h2f((u16)(hd.x >> 16)));
-    const u32 qh = hd.y, qw[4] = {q0.x, q0.y, q1.x, q1.y};
+    const u8* b = row + c * 24;
+    same_halves(s, ld_f16(b), ld_f16(b + 2));
+    u32 qh = ld_u32_a4(b + 4);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const u32 q = qw[i];
+        u32 q = ld_u32_a4(b + 8 + 4 * i);
         v[i] = (q & 0x0F0F0F0F) | spread4_to_bit4(qh >> (4 * i));
         v[4 + i] = ((q >> 4) & 0x0F0F0F0F) | spread4_to_bit4(qh >> (16 + 4 * i));
     }
