@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Kernel benchmark at llama.cpp's test-backend-ops shapes: m = 4096, k = 14336, n in {1,2,3,4,5,8,512}.
 
-    python scripts/bench_kernels.py [--reps 50] [--types q4_K,q8_0] [--compare]
+    python scripts/bench_kernels.py [--reps 50] [--types q4_K,q8_0] [--ns 1,9,16] [--compare]
 
 Two times per (type, n, path), medians over reps with CUDA events, weights rotated over copies that together exceed
 the L2 cache:
   call_us   one whole mul_mat call from Python (activation quantization, allocations and launch costs included)
   kernel_us the GPU time of the matmul kernel(s) alone: 10 back-to-back launches on preallocated buffers, divided by 10
 TOPS = 2*m*n*k / kernel_us; weight GB/s = weight bytes / kernel_us.
---compare also times every quantized type on both MMQ and dequantize+cuBLAS at n >= 16 (for dispatch.py's table).
+--compare also times every quantized type on each path that can take n above 8 columns (MMVQ up to 16, MMQ from 16,
+dequantize+cuBLAS) at n = 9, 12, 16, ..., 512 (for dispatch.py's table). --ns replaces the column counts.
 """
 import argparse
 import sys
@@ -55,9 +56,9 @@ def kernel_only(path, w, x, out):
 
         def run(wi):
             if id(wi) not in plans:
-                plans[id(wi)] = launch.mmvq_launch([wi], qs, ds, n, [out])
-            fn, grid, block, args = plans[id(wi)]
-            fn(grid, block, args)
+                plans[id(wi)] = launch.mmvq_launches([wi], qs, ds, n, [out])
+            for fn, grid, block, args in plans[id(wi)]:
+                fn(grid, block, args)
         return run
     if path == "mmq":
         qs, ds = launch.quantize_q8_1(x, (n + launch.MMQ_BN - 1) // launch.MMQ_BN * launch.MMQ_BN)
@@ -86,6 +87,7 @@ def copy_bandwidth():
 def main():
     import cupy as cp
 
+    from engine.cuda import launch
     from engine.cuda.dispatch import choose_path, mul_mat
     from engine.cuda.weights import upload
 
@@ -93,6 +95,7 @@ def main():
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--types", default=",".join(DEFAULT_TYPES))
     ap.add_argument("--compare", action="store_true")
+    ap.add_argument("--ns", default="", help="column counts (default: the issue's)")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, "
@@ -107,12 +110,14 @@ def main():
         ws = [w0] + [upload(t, (M, K), blocks) for _ in range(copies - 1)]
         ns = [1, 2, 3, 4, 5, 8, 512] + ([16, 32, 64, 128, 256] if t == GGMLType.Q4_K else [])
         if args.compare and info.quantized:
-            ns = sorted(set(ns) | {16, 32, 64, 128, 256, 512})
+            ns = sorted(set(ns) | {9, 12, 16, 32, 64, 128, 256, 512})
+        if args.ns:
+            ns = [int(v) for v in args.ns.split(",")]
         for n in sorted(ns):
             x = cp.asarray(rng.standard_normal((n, K)).astype(np.float32))
             paths = [choose_path(w0, n)]
-            if args.compare and info.quantized and n >= 16:
-                paths = ["mmq", "dequant"]
+            if args.compare and info.quantized and n > 8:
+                paths = (["mmvq"] if n <= launch.MMVQ_MAX_COLS else []) + (["mmq"] if n >= 16 else []) + ["dequant"]
             out = cp.empty((n, M), cp.float32)
             for path in paths:
                 call_us = time_call(lambda i: mul_mat(ws[i % len(ws)], x, path=path), args.reps)

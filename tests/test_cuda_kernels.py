@@ -84,7 +84,7 @@ def test_mul_mat_quantized(t):
             _, xq = q8_1_ref(x)
             ref = xq @ wref.T
             xd = cp.asarray(x)
-            paths = [None, "mmq", "dequant"] + (["mmvq"] if n <= 8 else [])
+            paths = [None, "mmq", "dequant"] + (["mmvq"] if n <= 16 else [])
             for path in paths:
                 out = cp.full((n, m), cp.nan, cp.float32)
                 y = mul_mat(w, xd, path=path, out=out).get()
@@ -116,8 +116,8 @@ def test_mul_mat_float(t):
 
 @pytest.mark.parametrize("kernel", ["mma", "pieces", "mmvq"])
 def test_q4_K_mmvq_kernels_every_ncols(monkeypatch, kernel):
-    """Q4_K through each of its MMVQ kernels (ENGINE_MMVQ_MMA / ENGINE_MMVQ_PIECES) at every column count, plain and
-    with the GLU epilogue, against numpy."""
+    """Q4_K through each of its MMVQ kernels (ENGINE_MMVQ_MMA / ENGINE_MMVQ_PIECES) at every column count (9..16:
+    the tensor-core kernel in one launch, the others in two), plain and with the GLU epilogue, against numpy."""
     import cupy as cp
     from engine.cuda import dispatch
     monkeypatch.setenv("ENGINE_MMVQ_MMA", "all" if kernel == "mma" else "0")
@@ -126,7 +126,7 @@ def test_q4_K_mmvq_kernels_every_ncols(monkeypatch, kernel):
     for m, k in shapes(GGMLType.Q4_K) + [(37, 8192)]:          # k = 8192: one group of 128 threads per row
         (w, rw), (wk, rk), (wv, rv), (wu, ru) = (random_weight(GGMLType.Q4_K, rows, k, rng)
                                                  for rows in (m, m // 2 + 3, 21, m))
-        for n in range(1, 9):
+        for n in range(1, 17):
             x = rng.standard_normal((n, k)).astype(np.float32)
             _, xq = q8_1_ref(x)
             out = cp.full((n, m), cp.nan, cp.float32)
@@ -148,7 +148,7 @@ def test_mmvq_multi_and_glu(t):
     m, k = shapes(t)[0]
     (wq, rq), (wk, rk), (wv, rv) = (random_weight(t, rows, k, rng) for rows in (m, m // 2 + 3, 37))
     (wg, rg), (wu, ru) = (random_weight(t, m, k, rng) for _ in range(2))
-    for n in (1, 2, 3, 8):
+    for n in (1, 2, 3, 8, 11, 16):
         x = rng.standard_normal((n, k)).astype(np.float32)
         _, xq = q8_1_ref(x)
         outs = dispatch.mul_mats([wq, wk, wv], cp.asarray(x))

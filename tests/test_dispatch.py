@@ -14,9 +14,9 @@ def weight(t, m, k):
 
 def test_sm90_table():
     small, large = weight(GGMLType.Q4_K, 576, 1536), weight(GGMLType.Q4_K, 4096, 14336)
-    for n in (1, 5, 8):
+    for n in (1, 5, 8, 9, 16):
         assert choose_path(small, n, SM90) == "mmvq" and choose_path(large, n, SM90) == "mmvq"
-    for n in (9, 64, 512):                                   # dequantize + cuBLAS: 2-5x our MMQ, f16 activations
+    for n in (17, 64, 512):                                  # dequantize + cuBLAS: 2-5x our MMQ, f16 activations
         assert choose_path(small, n, SM90) == "dequant" and choose_path(large, n, SM90) == "dequant"
     assert choose_path(weight(GGMLType.IQ4_XS, 64, 256), 1, SM90) == "mmvq"
     f16 = weight(GGMLType.F16, 4096, 4096)
@@ -29,8 +29,9 @@ def test_forced_paths(monkeypatch):
     assert resolve_path(w, 3) == "mmq"
     assert resolve_path(weight(GGMLType.F32, 64, 64), 3) == "mmvf"     # float weights have no q8_1 path
     monkeypatch.setenv("ENGINE_MUL_MAT_PATH", "mmvq")
-    with pytest.raises(ValueError, match="at most 8"):
-        resolve_path(w, 9)
+    assert resolve_path(w, 16) == "mmvq"
+    with pytest.raises(ValueError, match="at most 16"):
+        resolve_path(w, 17)
     monkeypatch.setenv("ENGINE_MUL_MAT_PATH", "bogus")
     with pytest.raises(ValueError, match="unknown mul_mat path"):
         resolve_path(w, 3)
@@ -87,3 +88,17 @@ def test_mmvq_args_layout():
     args = mmvq_args([q, v], "qs", "ds", ["yq", "yv"], 4)
     assert args[:8] == ("wq", "wv", 0, "qs", "ds", "yq", "yv", 0)
     assert [int(a) for a in args[8:]] == [4096, 1024, 0, 2048, 1152, 4]
+
+
+def test_mmvq_column_groups(monkeypatch):
+    """9..16 columns: one tensor-core launch for Q4_K, launches of <= 8 columns for the other types."""
+    from engine.cuda.launch import column_groups
+    monkeypatch.delenv("ENGINE_MMVQ_MMA", raising=False)
+    q4k, q6k = int(GGMLType.Q4_K), int(GGMLType.Q6_K)
+    assert column_groups(q4k, 8) == [(0, 8)] and column_groups(q6k, 8) == [(0, 8)]
+    assert column_groups(q4k, 12) == [(0, 12)] and column_groups(q6k, 12) == [(0, 8), (8, 4)]
+    assert column_groups(q6k, 16) == [(0, 8), (8, 8)]
+    monkeypatch.setenv("ENGINE_MMVQ_MMA", "0")
+    assert column_groups(q4k, 9) == [(0, 8), (8, 1)]
+    with pytest.raises(ValueError, match="1..16 columns"):
+        column_groups(q6k, 17)

@@ -2,7 +2,7 @@
 
     float weights, n <= 8          -> MMVF
     float weights, n > 8           -> cuBLAS
-    quantized, n <= mmvq_max(T)    -> MMVQ (weights read once for all columns)
+    quantized, n <= mmvq_max(T)    -> MMVQ (weights read once per launch: all n for Q4_K, 8 columns for the others)
     quantized, n >= mmq_min(T)     -> MMQ (int8 tensor cores)
     otherwise                      -> dequantize to f16 + cuBLAS
 
@@ -22,7 +22,7 @@ from .weights import GPUWeight
 # SmolLM2 prefill ran faster on MMQ, 31.0k against 28.3k t/s, but MMQ multiplies q8_1-rounded activations, the rounding
 # behind llama.cpp's KL of 0.0157 from the exact model: dequantize+cuBLAS keeps the prefill at 0.00006.)
 THRESHOLDS = {
-    (9, 0): {"mmvq_max": {}, "mmvq_default": 8, "mmq_min": {}, "mmq_default": None},
+    (9, 0): {"mmvq_max": {}, "mmvq_default": 16, "mmq_min": {}, "mmq_default": None},
 }
 DEFAULT_ARCH = (9, 0)
 PATHS = ("mmvf", "cublas", "mmvq", "mmq", "dequant")
@@ -83,8 +83,8 @@ class Activations:
 def resolve_path(w: GPUWeight, n: int, path: str | None = None) -> str:
     """The path a mul_mat of n columns takes: forced (argument, ENGINE_MUL_MAT_PATH) or chosen."""
     path = path or os.environ.get("ENGINE_MUL_MAT_PATH") or choose_path(w, n)
-    if path == "mmvq" and n > 8:
-        raise ValueError("MMVQ takes at most 8 columns")
+    if path == "mmvq" and n > launch.MMVQ_MAX_COLS:
+        raise ValueError(f"MMVQ takes at most {launch.MMVQ_MAX_COLS} columns")
     if path in ("mmvq", "mmq") and not w.quantized:
         path = "mmvf" if n <= 8 else "cublas"
     if path not in PATHS:

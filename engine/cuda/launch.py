@@ -30,8 +30,10 @@ PIECES_MIN_COLS = 5                                 # ... from this many columns
 
 
 MMA_TYPES = frozenset({12})                          # Q4_K: served by mmvq_mma_q4_K ...
-MMA_MIN_COLS = 9                                    # ... from this many columns (9: not chosen; slower, BENCHMARKS.md)
+MMA_MIN_COLS = 9                                    # ... from this many columns (slower than the others at 1..8)
 MMVQM_WARPS = 16                                    # kernels/mmvq.cu: warps per mmvq_mma_q4_K block
+MMVQ_MAX_COLS = 16      # columns a mul_mat takes on MMVQ: mmvq_mma_q4_K in one launch, the other kernels 8 per launch
+KERNEL_MAX_COLS = 8     # columns mmvq and mmvq_pieces take per launch
 
 
 def _use_mma(t: int, n: int) -> bool:
@@ -108,8 +110,18 @@ def _mmvq_kernel(t: int, n: int, glu: int) -> tuple:
     return kernel("mmvq", name), rows, groups_for, threads
 
 
+def column_groups(t: int, n: int) -> list[tuple[int, int]]:
+    """(first column, columns) of each MMVQ launch for type t at n <= MMVQ_MAX_COLS columns: one launch where a kernel
+    takes all n, else groups of KERNEL_MAX_COLS (each reads the weights again)."""
+    if not 1 <= n <= MMVQ_MAX_COLS:
+        raise ValueError(f"MMVQ takes 1..{MMVQ_MAX_COLS} columns, not {n}")
+    if n <= KERNEL_MAX_COLS or _use_mma(t, n):
+        return [(0, n)]
+    return [(j, min(KERNEL_MAX_COLS, n - j)) for j in range(0, n, KERNEL_MAX_COLS)]
+
+
 def mmvq(w: GPUWeight, qs, ds, n: int, out=None):
-    """y [n, m] = x W^T for n <= 8 columns (activations from quantize_q8_1)."""
+    """y [n, m] = x W^T for n <= MMVQ_MAX_COLS columns (activations from quantize_q8_1)."""
     return mmvq_multi([w], qs, ds, n, [out])[0]
 
 
@@ -118,20 +130,25 @@ def mmvq_multi(ws: list[GPUWeight], qs, ds, n: int, outs=None):
     cp = _cp()
     outs = outs or [None] * len(ws)
     ys = [o if o is not None else cp.empty((n, w.m), cp.float32) for w, o in zip(ws, outs)]
-    fn, grid, block, args = mmvq_launch(ws, qs, ds, n, ys)
-    fn(grid, block, args)
+    for fn, grid, block, args in mmvq_launches(ws, qs, ds, n, ys):
+        fn(grid, block, args)
     return ys
 
 
-def mmvq_launch(ws: list[GPUWeight], qs, ds, n: int, ys: list) -> tuple:
-    """(kernel, grid, block, args) of mmvq_multi's launch into ys (a benchmark repeats it without the Python work)."""
+def mmvq_launches(ws: list[GPUWeight], qs, ds, n: int, ys: list) -> list[tuple]:
+    """[(kernel, grid, block, args)] of mmvq_multi's launches into ys, one per column group (a benchmark repeats them
+    without the Python work)."""
     assert 1 <= len(ws) <= 3 and len({(int(w.type), w.k) for w in ws}) == 1
     w0 = ws[0]
-    fn, rows, groups_for, threads = _mmvq_kernel(int(w0.type), n, 0)
-    groups = groups_for(int(w0.type), sum(w.m for w in ws), w0.k)
-    per_block = groups * rows
-    grid = (sum((w.m + per_block - 1) // per_block for w in ws),)
-    return fn, grid, (threads,), mmvq_args(ws, qs, ds, ys, groups)
+    launches = []
+    for j, nj in column_groups(int(w0.type), n):
+        fn, rows, groups_for, threads = _mmvq_kernel(int(w0.type), nj, 0)
+        groups = groups_for(int(w0.type), sum(w.m for w in ws), w0.k)
+        per_block = groups * rows
+        grid = (sum((w.m + per_block - 1) // per_block for w in ws),)
+        args = mmvq_args(ws, qs[j:j + nj], ds[j:j + nj], [y[j:j + nj] for y in ys], groups)
+        launches.append((fn, grid, (threads,), args))
+    return launches
 
 
 def mmvq_args(ws: list[GPUWeight], qs, ds, ys: list, groups: int) -> tuple:
@@ -152,11 +169,13 @@ def mmvq_glu(gate: GPUWeight, up: GPUWeight, qs, ds, n: int, act: str, out=None)
     cp = _cp()
     assert (int(gate.type), gate.m, gate.k) == (int(up.type), up.m, up.k)
     y = out if out is not None else cp.empty((n, gate.m), cp.float32)
-    fn, rows, groups_for, threads = _mmvq_kernel(int(gate.type), n, GLU_ACTS[act])
-    groups = groups_for(int(gate.type), gate.m, gate.k)
-    fn(((gate.m + groups * rows - 1) // (groups * rows),), (threads,),
-        (gate.data, up.data, np.uint64(0), qs, ds, y, np.uint64(0), np.uint64(0), np.int32(gate.m), np.int32(0),
-         np.int32(0), np.int32(gate.k), np.int64(gate.row_bytes), np.int32(groups)))
+    for j, nj in column_groups(int(gate.type), n):
+        fn, rows, groups_for, threads = _mmvq_kernel(int(gate.type), nj, GLU_ACTS[act])
+        groups = groups_for(int(gate.type), gate.m, gate.k)
+        fn(((gate.m + groups * rows - 1) // (groups * rows),), (threads,),
+            (gate.data, up.data, np.uint64(0), qs[j:j + nj], ds[j:j + nj], y[j:j + nj], np.uint64(0), np.uint64(0),
+             np.int32(gate.m), np.int32(0), np.int32(0), np.int32(gate.k), np.int64(gate.row_bytes),
+             np.int32(groups)))
     return y
 
 

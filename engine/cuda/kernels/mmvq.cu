@@ -1,8 +1,9 @@
-// MMVQ: y = x W^T for 1..8 activation columns, quantized W read once for all columns.
+// MMVQ: y = x W^T for 1..8 activation columns (1..16 for mmvq_mma_q4_K), quantized W read once for all columns.
 //   w  : [m, k] in T's blocks (row stride row_bytes)
 //   qs : [ncols, k] int8 and ds : [ncols, k/16] float2, from quantize_q8_1
 //   y  : [ncols, m] f32
-// Launch rule (should_use_mmvq in dispatch.py: quantized T, ncols <= 8; Q4_K at 5..8 takes mmvq_pieces below): block
+// Launch rule (dispatch.choose_path: quantized T, ncols <= 16, launch.column_groups cutting 9..16 columns into
+// launches of <= 8 except for Q4_K; Q4_K at 5..8 takes mmvq_pieces, at 9..16 mmvq_mma_q4_K, both below): block
 // of 128 threads in groups of 128/groups threads (groups = 1, 2 or 4: launch._mmvq_groups, by k and for the 4-bit
 // types by the launch's rows); each group serves mmvq_rows(NCOLS) consecutive rows (1 for one column,
 // where more blocks in flight matter most; 2 above, where reusing the activations matters), each thread takes every
@@ -286,7 +287,8 @@ mmvq_pieces(MMVQ_PARAMS) {
 }
 
 // ---- MMVQ on the int8 tensor cores, for Q4_K (mmvq_mma_q4_K): same arguments, matrices, GLU and output as mmvq
-// (groups unused). A block of MMVQM_WARPS warps computes one 16-row tile of y^T for all NCOLS columns (padded to 8).
+// (groups unused), 1..16 columns. A block of MMVQM_WARPS warps computes one 16-row tile of y^T for all NCOLS columns
+// (one or two 8-column B tiles sharing each A fragment).
 // The tile's k is cut into steps of MMVQM_PAIRS consecutive chunk pairs (a pair: the 64 values of one 32-byte quant
 // group, chunk 2p in its low nibbles, 2p+1 in its high ones; a step stays inside one 256-value block), taken by the
 // warps in turn, so the block reads MMVQM_WARPS steps of each of its 16 rows side by side. Per step a lane issues
@@ -298,24 +300,27 @@ mmvq_pieces(MMVQ_PARAMS) {
 // in a fixed order. The activations are read once per 16 rows, where mmvq reads them once per row (per 1-4 rows).
 // Launch rule (launch.mmvq_launch): block 32 * MMVQM_WARPS threads, grid ceil(m / 16) summed over the matrices (GLU:
 // over m0, each block dotting the gate and up tiles).
-// Not chosen by the dispatch (launch.MMA_MIN_COLS = 9; ENGINE_MMVQ_MMA=all forces it). On the H200 at 4096 x 14336
-// (scripts/bench_mmvq_variants.py, 7 warp / pair settings) its best n = 1 is 19.3 us and best n = 8 31.0 us, where
-// mmvq takes 15.8 and mmvq_pieces 30.4: more warps per tile (4 -> 8..32) took it from 36-46 us to there, and no
-// setting is faster than the two other kernels at any column count or benchmark-model shape.
+// Chosen at 9..16 columns (launch.MMA_MIN_COLS; ENGINE_MMVQ_MMA=all forces it at every n). At 1..8 columns it is
+// slower than the other two: on the H200 at 4096 x 14336 (scripts/bench_mmvq_variants.py, 7 warp / pair settings)
+// its best n = 1 is 19.3 us and best n = 8 31.0 us, where mmvq takes 15.8 and mmvq_pieces 30.4.
 #ifndef MMVQM_WARPS
 #define MMVQM_WARPS 16
 #endif
-#ifndef MMVQM_PAIRS                    // chunk pairs per warp step: 1, 2 or 4
+#ifndef MMVQM_PAIRS                    // chunk pairs per warp step: 1, 2 or 4 (1..8 columns)
 #define MMVQM_PAIRS 2
+#endif
+#ifndef MMVQM_PAIRS_HI                 // the same at 9..16 columns (2 spills 8-40 bytes on sm_90)
+#define MMVQM_PAIRS_HI 1
 #endif
 
 template <int NCOLS, int GLU>
 __global__ void __launch_bounds__(MMVQM_WARPS * 32)
 mmvq_mma_q4_K(MMVQ_PARAMS) {
     constexpr int NT = GLU ? 2 : 1;                                // row tiles: the rows, or gate rows and up rows
-    constexpr int U = MMVQM_PAIRS;
+    constexpr int NB = (NCOLS + 7) / 8;                            // column tiles (B operands) of 8
+    constexpr int U = NCOLS > 8 ? MMVQM_PAIRS_HI : MMVQM_PAIRS;
     static_assert(4 % U == 0, "a step's pairs lie in one block");
-    __shared__ float partial[MMVQM_WARPS][NT][16][8];             // each warp's tiles [row][column]
+    __shared__ float partial[MMVQM_WARPS][NT][16][8 * NB];        // each warp's tiles [row][column]
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int b = blockIdx.x, m = m0;
     const u8* w = w0;
@@ -328,18 +333,25 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 #pragma unroll
         for (int h = 0; h < 2; ++h)
             wr[i][h] = (GLU ? (i ? w1 : w0) : w) + (long long)min(row0 + g + 8 * h, m - 1) * row_bytes + 8 * t;
-    const bool has_col = g < NCOLS;                               // this lane's B column
-    const signed char* act = qs + (long long)(has_col ? g : 0) * k + 8 * t;
-    float acc[NT][4];
+    bool has_col[NB];                                             // this lane's B column g + 8 nb exists
+    const signed char* act[NB];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+        has_col[nb] = g + 8 * nb < NCOLS;
+        act[nb] = qs + (long long)(has_col[nb] ? g + 8 * nb : 0) * k + 8 * t;
+    }
+    float acc[NT][NB][4];
 #pragma unroll
     for (int i = 0; i < NT; ++i)
 #pragma unroll
-        for (int l = 0; l < 4; ++l) acc[i][l] = 0.f;
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+            for (int l = 0; l < 4; ++l) acc[i][nb][l] = 0.f;
     const int steps = (k >> 6) / U;
     for (int s = warp; s < steps; s += MMVQM_WARPS) {
         const int p0 = s * U, blk = (p0 >> 2) * 144, q0 = 16 + 32 * (p0 & 3);
         uint4 hd[NT][2];                                          // block headers: d|dmin, 12 scale bytes
-        uint2 wq[U][NT][2], xa[U][2];                             // quant bytes; activation bytes (chunks 2p, 2p+1)
+        uint2 wq[U][NT][2], xa[U][NB][2];                         // quant bytes; activation bytes (chunks 2p, 2p+1)
 #pragma unroll
         for (int i = 0; i < NT; ++i)
 #pragma unroll
@@ -349,26 +361,30 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
                 for (int u = 0; u < U; ++u) wq[u][i][h] = *(const uint2*)(wr[i][h] + blk + q0 + 32 * u);
             }
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            xa[u][0] = has_col ? *(const uint2*)(act + 64 * (p0 + u)) : make_uint2(0u, 0u);
-            xa[u][1] = has_col ? *(const uint2*)(act + 64 * (p0 + u) + 32) : make_uint2(0u, 0u);
-        }
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) {
+                xa[u][nb][0] = has_col[nb] ? *(const uint2*)(act[nb] + 64 * (p0 + u)) : make_uint2(0u, 0u);
+                xa[u][nb][1] = has_col[nb] ? *(const uint2*)(act[nb] + 64 * (p0 + u) + 32) : make_uint2(0u, 0u);
+            }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int p = p0 + u;
-            float dx[2][2], sx[2][2];                             // [chunk][column 2t + q]: d_x, d_x * sum of x
+            float dx[NB][2][2], sx[NB][2][2];                     // [tile][chunk][column 2t + q]: d_x, d_x * sum x
 #pragma unroll
-            for (int q = 0; q < 2; ++q) {
-                const int col = 2 * t + q;
-                float4 v0 = make_float4(0.f, 0.f, 0.f, 0.f), v1 = v0;
-                if (col < NCOLS) {
-                    const float4* dsc = (const float4*)(ds + (long long)col * (k >> 4) + 4 * p);
-                    v0 = dsc[0];
-                    v1 = dsc[1];
+            for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+                for (int q = 0; q < 2; ++q) {
+                    const int col = 8 * nb + 2 * t + q;
+                    float4 v0 = make_float4(0.f, 0.f, 0.f, 0.f), v1 = v0;
+                    if (col < NCOLS) {
+                        const float4* dsc = (const float4*)(ds + (long long)col * (k >> 4) + 4 * p);
+                        v0 = dsc[0];
+                        v1 = dsc[1];
+                    }
+                    dx[nb][0][q] = v0.x; sx[nb][0][q] = v0.y + v0.w;
+                    dx[nb][1][q] = v1.x; sx[nb][1][q] = v1.y + v1.w;
                 }
-                dx[0][q] = v0.x; sx[0][q] = v0.y + v0.w;
-                dx[1][q] = v1.x; sx[1][q] = v1.y + v1.w;
-            }
 #pragma unroll
             for (int i = 0; i < NT; ++i) {
                 float dw[2][2], mw[2][2];                         // [row g / g + 8][chunk]
@@ -387,13 +403,16 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
                                       (int)((wq[u][i][1].x >> (4 * cc)) & 0x0F0F0F0Fu),
                                       (int)((wq[u][i][0].y >> (4 * cc)) & 0x0F0F0F0Fu),
                                       (int)((wq[u][i][1].y >> (4 * cc)) & 0x0F0F0F0Fu)};
-                    const int bx[2] = {(int)xa[u][cc].x, (int)xa[u][cc].y};
-                    int c[4] = {0, 0, 0, 0};
-                    mma_k32(c, a, bx);
 #pragma unroll
-                    for (int l = 0; l < 4; ++l) {
-                        const int h = l >> 1, q = l & 1;
-                        acc[i][l] += dw[h][cc] * dx[cc][q] * (float)c[l] - mw[h][cc] * sx[cc][q];
+                    for (int nb = 0; nb < NB; ++nb) {
+                        const int bx[2] = {(int)xa[u][nb][cc].x, (int)xa[u][nb][cc].y};
+                        int c[4] = {0, 0, 0, 0};
+                        mma_k32(c, a, bx);
+#pragma unroll
+                        for (int l = 0; l < 4; ++l) {
+                            const int h = l >> 1, q = l & 1;
+                            acc[i][nb][l] += dw[h][cc] * dx[nb][cc][q] * (float)c[l] - mw[h][cc] * sx[nb][cc][q];
+                        }
                     }
                 }
             }
@@ -402,7 +421,10 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 #pragma unroll
     for (int i = 0; i < NT; ++i)
 #pragma unroll
-        for (int l = 0; l < 4; ++l) partial[warp][i][g + 8 * (l >> 1)][2 * t + (l & 1)] = acc[i][l];
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+            for (int l = 0; l < 4; ++l)
+                partial[warp][i][g + 8 * (l >> 1)][8 * nb + 2 * t + (l & 1)] = acc[i][nb][l];
     __syncthreads();
     for (int idx = threadIdx.x; idx < 16 * NCOLS; idx += MMVQM_WARPS * 32) {
         const int r = idx / NCOLS, j = idx % NCOLS;
@@ -432,6 +454,8 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 #define INSTANTIATE_MMVQM_N(N) INSTANTIATE_MMVQM_G(N, 0) INSTANTIATE_MMVQM_G(N, 1) INSTANTIATE_MMVQM_G(N, 2)
 INSTANTIATE_MMVQM_N(1) INSTANTIATE_MMVQM_N(2) INSTANTIATE_MMVQM_N(3) INSTANTIATE_MMVQM_N(4)
 INSTANTIATE_MMVQM_N(5) INSTANTIATE_MMVQM_N(6) INSTANTIATE_MMVQM_N(7) INSTANTIATE_MMVQM_N(8)
+INSTANTIATE_MMVQM_N(9) INSTANTIATE_MMVQM_N(10) INSTANTIATE_MMVQM_N(11) INSTANTIATE_MMVQM_N(12)
+INSTANTIATE_MMVQM_N(13) INSTANTIATE_MMVQM_N(14) INSTANTIATE_MMVQM_N(15) INSTANTIATE_MMVQM_N(16)
 #define FOR_EACH_PIECE_QTYPE(X) X(T_Q4_K)        // the types with a piece<T> (build.py PIECE_QTYPES)
 #ifdef MMVQ_ONLY_TYPE                                 // a benchmark's variant build: one type
 INSTANTIATE_MMVQ(MMVQ_ONLY_TYPE)
