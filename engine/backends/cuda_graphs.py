@@ -23,9 +23,10 @@ from dataclasses import dataclass
 import cupy as cp
 import numpy as np
 
+from ..cuda.launch import MMVQ_MAX_COLS
 from .base import Batch
 
-MAX_DECODE_BATCH = 8       # the MMVQ range
+MAX_DECODE_BATCH = MMVQ_MAX_COLS     # the MMVQ range (above it, dequantized weights would fill the graph's pool)
 MIN_PREFILL = 64
 MAX_PREFILL_GRAPHS = 4
 

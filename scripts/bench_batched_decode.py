@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""Batched decode speed, llama-batched-bench style: B sequences each prefilled with npp random tokens, then ntg decode
+steps of all B at once (greedy, the argmax taken on the device); generated tokens/s = B * ntg / time of the steps.
+
+    python scripts/bench_batched_decode.py MODEL [--npl 1,8,16,32] [--npp 128] [--ntg 128] [--device cuda]
+
+ANCHORS.md's llama.cpp figures: `llama-batched-bench -npp 128 -ntg 128 -npl B -fa on`.
+"""
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.bench import _sync  # noqa: E402
+from engine.runtime import Runtime  # noqa: E402
+
+
+def decode_speed(rt: Runtime, b: int, npp: int, ntg: int, rng) -> float:
+    for s in range(b):
+        rt.prefill(rng.integers(100, rt.config.n_vocab - 100, npp).tolist(), seq=s, logits=False)
+    toks = rng.integers(100, rt.config.n_vocab - 100, b).tolist()
+    seqs = list(range(b))
+    rt.decode(seqs, toks, [npp] * b, greedy=True)                 # loads kernels, captures this batch size's graph
+    _sync(rt)
+    t0 = time.perf_counter()
+    for i in range(1, ntg + 1):
+        toks = [int(t) for t in rt.decode(seqs, toks, [npp + i] * b, greedy=True)]
+    _sync(rt)
+    return b * ntg / (time.perf_counter() - t0)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--npl", default="1,8,16,32")
+    ap.add_argument("--npp", type=int, default=128)
+    ap.add_argument("--ntg", type=int, default=128)
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+    npl = [int(v) for v in args.npl.split(",")]
+    rt = Runtime.load(args.model, device=args.device, n_seq=max(npl), n_ctx=args.npp + args.ntg + 2)
+    rng = np.random.default_rng(0)
+    print("| B | decode t/s |\n| --- | --- |")
+    for b in npl:
+        print(f"| {b} | {decode_speed(rt, b, args.npp, args.ntg, rng):.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
