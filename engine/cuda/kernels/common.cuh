@@ -183,17 +183,19 @@ __device__ __forceinline__ void scale_min_k4_words(u32 sw0, u32 sw1, u32 sw2, in
 // IQ4_NL's 16 values (engine/quants.py IQ4_NL_VALUES) four int8s to a little-endian word, codes 0-3, 4-7, 8-11, 12-15
 #define IQ4_NL_WORD(a, b, c, d) ((u32)(u8)(a) | (u32)(u8)(b) << 8 | (u32)(u8)(c) << 16 | (u32)(u8)(d) << 24)
 
-// four 4-bit codes (one per byte) -> their four int8 values, from the table held in registers: two byte permutes
-// pick each code's value among codes 0-7 and among 8-15 (by its low 3 bits), a third keeps the one its bit 3 names.
-// (A __constant__ table indexed per lane serialized the warp's differing addresses: IQ4_XS MMVQ took 208 us at
-// 4096 x 14336, 150 GB/s.)
-__device__ __forceinline__ u32 iq4_lookup(u32 codes) {
+// The eight 4-bit codes of q -> the int8 values of its low nibbles (lo, byte i from byte i's low nibble) and of its
+// high nibbles (hi), from the table held in registers: per 4 codes, two byte permutes pick each code's value among
+// codes 0-7 and among 8-15 (by its low 3 bits) and a third keeps the one its bit 3 names; two more put the low and
+// the high nibbles' values apart. (A __constant__ table indexed per lane serialized the warp's differing addresses:
+// IQ4_XS MMVQ took 208 us at 4096 x 14336, 150 GB/s.)
+__device__ __forceinline__ void iq4_lookup8(u32 q, int& lo, int& hi) {
     constexpr u32 t0 = IQ4_NL_WORD(-127, -104, -83, -65), t1 = IQ4_NL_WORD(-49, -35, -22, -10),
                   t2 = IQ4_NL_WORD(1, 13, 25, 38), t3 = IQ4_NL_WORD(53, 69, 89, 113);
-    const u32 x = codes | (codes >> 4);
-    const u32 sel = (x & 0xFF) | ((x >> 8) & 0xFF00);                 // the codes as nibbles 0..3
-    const u32 lo = __byte_perm(t0, t1, sel & 0x7777), hi = __byte_perm(t2, t3, sel & 0x7777);
-    return __byte_perm(lo, hi, 0x3210 | ((sel & 0x8888) >> 1));
+    const u32 low3 = q & 0x77777777u, pick = ((q & 0x88888888u) >> 1) | 0x32103210u;
+    const u32 a = __byte_perm(__byte_perm(t0, t1, low3), __byte_perm(t2, t3, low3), pick);   // bytes 0, 1: lo hi lo hi
+    const u32 b = __byte_perm(__byte_perm(t0, t1, low3 >> 16), __byte_perm(t2, t3, low3 >> 16), pick >> 16);
+    lo = (int)__byte_perm(a, b, 0x6420);
+    hi = (int)__byte_perm(a, b, 0x7531);
 }
 
 template <int T> __device__ __forceinline__ void unpack(const u8* row, int c, int v[8], ChunkScale& s);
@@ -366,11 +368,7 @@ template <> __device__ __forceinline__ void unpack<T_IQ4_NL>(const u8* row, int 
     u32 qw[4];
     ld_words_a2<4>(b + 2, qw);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const u32 q = qw[i];
-        v[i] = (int)iq4_lookup(q & 0x0F0F0F0F);
-        v[4 + i] = (int)iq4_lookup((q >> 4) & 0x0F0F0F0F);
-    }
+    for (int i = 0; i < 4; ++i) iq4_lookup8(qw[i], v[i], v[4 + i]);
 }
 
 template <> __device__ __forceinline__ void unpack<T_IQ4_XS>(const u8* row, int c, int v[8], ChunkScale& s) {
@@ -389,11 +387,7 @@ template <> __device__ __forceinline__ void unpack<T_IQ4_XS>(const u8* row, int 
     same_halves(s, h2f((u16)hd.x) * (float)(ls - 32), 0.f);
     const u32 qw[4] = {q0.x, q0.y, q1.x, q1.y};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const u32 q = qw[i];
-        v[i] = (int)iq4_lookup(q & 0x0F0F0F0F);
-        v[4 + i] = (int)iq4_lookup((q >> 4) & 0x0F0F0F0F);
-    }
+    for (int i = 0; i < 4; ++i) iq4_lookup8(qw[i], v[i], v[4 + i]);
 }
 
 // Every quantized type the kernels support, for generating instantiations: keep in sync with dispatch.py.
