@@ -95,33 +95,55 @@ def test_last_logits_after_cache_only_ubatches(tiny, arch, device):
     assert nmse(last[0], whole) < 1e-2
 
 
+def batched_decode(rt: Runtime, prompts, steps, batches):
+    """Prefill prompt i into sequence slot i, then decode step i for the sequences batches[i % len(batches)]
+    (one token each) -> the decode steps' logits, concatenated."""
+    for slot, p in enumerate(prompts):
+        rt.prefill(p, seq=slot)
+    pos = [len(p) for p in prompts]
+    out = []
+    for i, toks in enumerate(steps):
+        seqs = batches[i % len(batches)]
+        out.append(rt.decode(seqs, toks[:len(seqs)], [pos[s] for s in seqs]))
+        for s in seqs:
+            pos[s] += 1
+    return np.concatenate(out)
+
+
+BATCHES = [[0], [0, 1, 2], list(range(12))]     # 12 sequences: MMVQ in column groups (Q4_K: one tensor-core launch)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ARCHS)
 def test_cuda_graph_decode_equals_eager(tiny, arch, monkeypatch):
-    """Decode steps replayed from CUDA graphs (batch sizes 1 and 3, positions and slots changing every step) give
-    the eager steps' logits exactly: the same kernels on the same inputs."""
+    """Decode steps replayed from CUDA graphs (batch sizes 1, 3 and 12, positions and slots changing every step)
+    give the eager steps' logits exactly: the same kernels on the same inputs."""
     rng = np.random.default_rng()
-    prompts = [rng.integers(0, N_VOCAB, n).tolist() for n in (12, 5, 9)]
-    steps = [rng.integers(0, N_VOCAB, 3).tolist() for _ in range(6)]
+    prompts = [rng.integers(0, N_VOCAB, n).tolist() for n in rng.integers(4, 14, 12)]
+    steps = [rng.integers(0, N_VOCAB, 12).tolist() for _ in range(9)]
     results = {}
     for graphs in ("1", "0"):
         monkeypatch.setenv("ENGINE_CUDA_GRAPHS", graphs)
-        rt = Runtime.load(tiny[arch], device="cuda", n_ctx=64, n_seq=3)
-        for slot, p in enumerate(prompts):
-            rt.prefill(p, seq=slot)
-        pos = [len(p) for p in prompts]
-        out = []
-        for i, toks in enumerate(steps):
-            seqs = [0] if i % 2 else [0, 1, 2]                      # alternate the one-sequence and three-sequence graphs
-            out.append(rt.decode(seqs, toks[:len(seqs)], [pos[s] for s in seqs]))
-            for s in seqs:
-                pos[s] += 1
-        results[graphs] = np.concatenate(out)
+        rt = Runtime.load(tiny[arch], device="cuda", n_ctx=64, n_seq=12)
+        results[graphs] = batched_decode(rt, prompts, steps, BATCHES)
         if graphs == "1":
-            assert rt.backend.graphs.replays == len(steps) - 2 and not rt.backend.graphs.failures
+            assert rt.backend.graphs.replays == len(steps) - len(BATCHES) and not rt.backend.graphs.failures
     np.testing.assert_array_equal(results["1"], results["0"])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cuda_batched_decode_matches_cpu(tiny, arch, monkeypatch):
+    """Decode steps of 1, 3 and 12 sequences at once on the chosen paths, against the CPU rounding alike."""
+    rng = np.random.default_rng()
+    prompts = [rng.integers(0, N_VOCAB, n).tolist() for n in rng.integers(4, 14, 12)]
+    steps = [rng.integers(0, N_VOCAB, 12).tolist() for _ in range(3)]
+    gpu = batched_decode(Runtime.load(tiny[arch], device="cuda", n_ctx=64, n_seq=12), prompts, steps, BATCHES)
+    round_like_gpu(monkeypatch, dispatch_rounding(None), kv_f16=True)
+    cpu = batched_decode(Runtime.load(tiny[arch], device="cpu", n_ctx=64, n_seq=12), prompts, steps, BATCHES)
+    assert gpu.shape == (16, N_VOCAB)
+    assert nmse(gpu, cpu) < Q8_1_BOUND
+    assert np.mean(gpu.argmax(1) == cpu.argmax(1)) >= 0.95
 
 
 @pytest.mark.gpu
