@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Time MMVQ (kernels/mmvq.cu: mmvq, and mmvq_pieces for its types) built with other tuning knobs (MMVQ_BATCH_1/_N,
+"""Time MMVQ (kernels/mmvq.cu: mmvq, and mmvq_pieces for its types) built with other tuning knobs (MMVQ_UNROLL,
 MMVQ_ROWS_1/_N/_HI, MMVQ_MIN_BLOCKS, MMVQP_*) at m = 4096, k = 14336, n = 1..8, for every thread-group split
 (groups = 1, 2, 4), to choose the defaults; and a plain streaming read of the weights' bytes (the ceiling there).
 
@@ -26,14 +26,12 @@ from engine.quants import TYPES, random_blocks  # noqa: E402
 # "a2 halves" = the types with 2-byte aligned blocks (Q4_0, Q5_0, Q8_0, Q3_K, Q6_K, IQ4_NL) loading their quant
 # bytes as 2-byte halves (A2_AS_WORDS=0, before; a no-op for the other types); "narrow" = Q4_K's header, Q5_K and
 # IQ4_XS loading in 4-byte or narrower pieces (WIDE_LOADS=0, before; a no-op for the other types);
-# b = chunks a thread loads before computing at one column / at 2..4 (MMVQ_BATCH_1 / _N);
 # mmvq_pieces (PIECE_QTYPES only): r = MMVQP_ROWS_1 / _N / _HI; mmvq_mma_q4_K (Q4_K only): w = MMVQM_WARPS,
-# p = MMVQM_PAIRS. Earlier sessions' knobs (MMVQ_ROWS_*,
+# p = MMVQM_PAIRS. Earlier sessions' knobs (MMVQ_UNROLL, MMVQ_ROWS_*,
 # MMVQ_MIN_BLOCKS) are still there: their results are in BENCHMARKS.md.
 VARIANTS = [(f"mmvq f{f1}/{fn}", "mmvq", dict(MMVQ_PREFETCH_1=f1, MMVQ_PREFETCH_N=fn))
             for f1, fn in ((0, 1), (0, 0))] + [
     ("mmvq a2 halves", "mmvq", dict(A2_AS_WORDS=0)), ("mmvq narrow", "mmvq", dict(WIDE_LOADS=0))] + [
-    (f"mmvq b{b1}/{bn}", "mmvq", dict(MMVQ_BATCH_1=b1, MMVQ_BATCH_N=bn)) for b1, bn in ((1, 1), (4, 1), (2, 2))] + [
     (f"pieces r{r}", "mmvq_pieces",
      dict(zip(("MMVQP_ROWS_1", "MMVQP_ROWS_N", "MMVQP_ROWS_HI"), map(int, r.split("/")))))
     for r in ("1/2/4", "2/2/2")] + [

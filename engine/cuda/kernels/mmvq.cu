@@ -23,7 +23,7 @@
 #define MMVQ_THREADS 128
 // Tuning knobs (scripts/bench_mmvq_variants.py times alternatives by compiling with -D): rows per group for one
 // column, for 2..4 and for 5..8 columns; blocks per SM the registers must allow; how many chunk iterations a thread
-// loads before it computes (its loads in flight at once).
+// unrolls (its loads in flight at once).
 #ifndef MMVQ_ROWS_1
 #define MMVQ_ROWS_1 1
 #endif
@@ -36,11 +36,8 @@
 #ifndef MMVQ_MIN_BLOCKS
 #define MMVQ_MIN_BLOCKS 4                  // blocks per SM the registers must allow (<= 128 each)
 #endif
-#ifndef MMVQ_BATCH_1                 // chunks a thread loads before it computes, at one column and at 2..4 columns
-#define MMVQ_BATCH_1 2
-#endif
-#ifndef MMVQ_BATCH_N
-#define MMVQ_BATCH_N 1
+#ifndef MMVQ_UNROLL
+#define MMVQ_UNROLL 1
 #endif
 // chunk iterations ahead whose weight lines a thread prefetches into L1 (0: none), at one column and at 2..8 columns
 #ifndef MMVQ_PREFETCH_1
@@ -51,10 +48,6 @@
 #endif
 __host__ __device__ constexpr int mmvq_rows(int ncols) {
     return ncols == 1 ? MMVQ_ROWS_1 : ncols <= 4 ? MMVQ_ROWS_N : MMVQ_ROWS_HI;
-}
-template <int N> struct IntConst { static constexpr int value = N; };
-__host__ __device__ constexpr int mmvq_batch(int ncols) {
-    return ncols == 1 ? MMVQ_BATCH_1 : ncols <= 4 ? MMVQ_BATCH_N : 1;
 }
 
 // The parameters every MMVQ kernel takes (launch.mmvq_args builds them), and their types for the instantiations.
@@ -136,75 +129,58 @@ __global__ void __launch_bounds__(MMVQ_THREADS, MMVQ_MIN_BLOCKS)
 mmvq(MMVQ_PARAMS) {
     constexpr int MMVQ_ROWS = GLU ? 2 : mmvq_rows(NCOLS);        // rows dotted per group (GLU: gate and up row)
     constexpr int OUT_ROWS = GLU ? 1 : MMVQ_ROWS;                  // output rows per group
-    constexpr int BATCH = mmvq_batch(NCOLS);
     __shared__ float partial[MMVQ_ROWS][NCOLS][MMVQ_THREADS / 32];
     const int tpg = MMVQ_THREADS / groups;                       // threads per group
     const auto [lane, b, m, row0, w, y] = mmvq_group<OUT_ROWS, GLU>(w0, w1, w2, y0, y1, y2, m0, m1, m2, groups);
     const int chunks = k / 32;
-    const u8* wr[MMVQ_ROWS];                          // rows past m read row m-1; their sums are not written
-#pragma unroll
-    for (int r = 0; r < MMVQ_ROWS; ++r)
-        wr[r] = GLU ? (r == 0 ? w0 : w1) + (long long)row0 * row_bytes
-                    : w + (long long)min(row0 + r, m - 1) * row_bytes;
     float acc[MMVQ_ROWS][NCOLS];
 #pragma unroll
     for (int r = 0; r < MMVQ_ROWS; ++r)
 #pragma unroll
         for (int j = 0; j < NCOLS; ++j) acc[r][j] = 0.f;
-    // chunks c, c + tpg, ..., c + (NB - 1) * tpg: every load of the NB chunks issued before any arithmetic (one
-    // basic block: no branch between them, so the compiler can hoist them all)
-    auto dot_chunks = [&](auto nb_const, int c) {
-        constexpr int NB = decltype(nb_const)::value;
-        constexpr int AHEAD = NCOLS == 1 ? MMVQ_PREFETCH_1 : MMVQ_PREFETCH_N;
-        if (AHEAD && c + AHEAD * tpg < chunks) {
-            const long long off = (long long)(c + AHEAD * tpg) * TypeTraits<T>::bytes / TypeTraits<T>::chunks;
+    constexpr int UNROLL = MMVQ_UNROLL;
+    if (row0 < m) {
+#pragma unroll UNROLL
+        for (int c = lane; c < chunks; c += tpg) {
+            constexpr int AHEAD = NCOLS == 1 ? MMVQ_PREFETCH_1 : MMVQ_PREFETCH_N;
+            if (AHEAD && c + AHEAD * tpg < chunks) {
+                const long long off = (long long)(c + AHEAD * tpg) * TypeTraits<T>::bytes / TypeTraits<T>::chunks;
 #pragma unroll
-            for (int r = 0; r < MMVQ_ROWS; ++r) prefetch_l1(wr[r] + off);
-        }
-        int4 a0[NB][NCOLS], a1[NB][NCOLS];
-        float4 sa[NB][NCOLS];                                          // (d, s0, d, s1)
-        int v[NB][MMVQ_ROWS][8];
-        ChunkScale sc[NB][MMVQ_ROWS];
-#pragma unroll
-        for (int u = 0; u < NB; ++u) {
-            const int cu = c + u * tpg;
+                for (int r = 0; r < MMVQ_ROWS; ++r)
+                    prefetch_l1((GLU ? (r == 0 ? w0 : w1) + (long long)row0 * row_bytes
+                                     : w + (long long)min(row0 + r, m - 1) * row_bytes) + off);
+            }
+            int4 a0[NCOLS], a1[NCOLS];
+            float4 sa[NCOLS];                                          // (d, s0, d, s1)
 #pragma unroll
             for (int j = 0; j < NCOLS; ++j) {
-                const int4* a = (const int4*)(qs + (long long)j * k + cu * 32);
-                a0[u][j] = a[0];
-                a1[u][j] = a[1];
-                sa[u][j] = *(const float4*)(ds + (long long)j * (k / 16) + cu * 2);
+                const int4* a = (const int4*)(qs + (long long)j * k + c * 32);
+                a0[j] = a[0];
+                a1[j] = a[1];
+                sa[j] = *(const float4*)(ds + (long long)j * (k / 16) + c * 2);
             }
-            if constexpr (NB > 1)
-#pragma unroll
-                for (int r = 0; r < MMVQ_ROWS; ++r) unpack<T>(wr[r], cu, v[u][r], sc[u][r]);
-        }
-#pragma unroll
-        for (int u = 0; u < NB; ++u)
 #pragma unroll
             for (int r = 0; r < MMVQ_ROWS; ++r) {
-                if constexpr (NB == 1) unpack<T>(wr[r], c, v[u][r], sc[u][r]);   // (fewer registers live)
+                if (!GLU && row0 + r >= m) break;
+                int v[8];
+                ChunkScale s;
+                const u8* wr = GLU ? (r == 0 ? w0 : w1) + (long long)row0 * row_bytes
+                                   : w + (long long)(row0 + r) * row_bytes;
+                unpack<T>(wr, c, v, s);
 #pragma unroll
                 for (int j = 0; j < NCOLS; ++j) {
-                    const int* vv = v[u][r];
-                    int d0 = dp4a(vv[0], a0[u][j].x, 0); d0 = dp4a(vv[1], a0[u][j].y, d0);
-                    d0 = dp4a(vv[2], a0[u][j].z, d0); d0 = dp4a(vv[3], a0[u][j].w, d0);
-                    int d1 = dp4a(vv[4], a1[u][j].x, 0); d1 = dp4a(vv[5], a1[u][j].y, d1);
-                    d1 = dp4a(vv[6], a1[u][j].z, d1); d1 = dp4a(vv[7], a1[u][j].w, d1);
-                    const ChunkScale& s = sc[u][r];
+                    int d0 = dp4a(v[0], a0[j].x, 0); d0 = dp4a(v[1], a0[j].y, d0);
+                    d0 = dp4a(v[2], a0[j].z, d0); d0 = dp4a(v[3], a0[j].w, d0);
+                    int d1 = dp4a(v[4], a1[j].x, 0); d1 = dp4a(v[5], a1[j].y, d1);
+                    d1 = dp4a(v[6], a1[j].z, d1); d1 = dp4a(v[7], a1[j].w, d1);
                     if constexpr (TypeTraits<T>::per16)
-                        acc[r][j] += sa[u][j].x * (s.d[0] * (float)d0 + s.d[1] * (float)d1);
+                        acc[r][j] += sa[j].x * (s.d[0] * (float)d0 + s.d[1] * (float)d1);
                     else
-                        acc[r][j] += sa[u][j].x * s.d[0] * (float)(d0 + d1);
-                    if constexpr (TypeTraits<T>::has_min) acc[r][j] += s.m[0] * sa[u][j].y + s.m[1] * sa[u][j].w;
+                        acc[r][j] += sa[j].x * s.d[0] * (float)(d0 + d1);
+                    if constexpr (TypeTraits<T>::has_min) acc[r][j] += s.m[0] * sa[j].y + s.m[1] * sa[j].w;
                 }
             }
-    };
-    if (row0 < m) {
-        int c = lane;
-        for (; c + (BATCH - 1) * tpg < chunks; c += BATCH * tpg) dot_chunks(IntConst<BATCH>(), c);
-        if (BATCH > 1)
-            for (; c < chunks; c += tpg) dot_chunks(IntConst<1>(), c);
+        }
     }
     reduce_store<MMVQ_ROWS, OUT_ROWS, NCOLS, GLU>(acc, partial, groups, b, m, y);
 }
