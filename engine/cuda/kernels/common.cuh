@@ -180,6 +180,15 @@ __device__ __forceinline__ void scale_min_k4_words(u32 sw0, u32 sw1, u32 sw2, in
     else { d = (byte(j + 4) & 0xF) | ((byte(j - 4) >> 6) << 4); m = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4); }
 }
 
+// A Q4_K / Q5_K block header held as one uint4 (d|dmin, then the 12 scale bytes) -> chunk j's scale d * sc_j and
+// min dmin * m_j
+__device__ __forceinline__ void k4_chunk_scale(const uint4& hd, int j, float& d, float& m) {
+    int sc, mn;
+    scale_min_k4_words(hd.y, hd.z, hd.w, j, sc, mn);
+    d = h2f((u16)hd.x) * (float)sc;
+    m = h2f((u16)(hd.x >> 16)) * (float)mn;
+}
+
 // IQ4_NL's 16 values (engine/quants.py IQ4_NL_VALUES) four int8s to a little-endian word, codes 0-3, 4-7, 8-11, 12-15
 #define IQ4_NL_WORD(a, b, c, d) ((u32)(u8)(a) | (u32)(u8)(b) << 8 | (u32)(u8)(c) << 16 | (u32)(u8)(d) << 24)
 
@@ -305,9 +314,9 @@ template <> __device__ __forceinline__ void unpack<T_Q4_K>(const u8* row, int c,
         hd = make_uint4(ld_u32_a4(b), ld_u32_a4(b + 4), ld_u32_a4(b + 8), ld_u32_a4(b + 12));
     }
     const uint4 q0 = *(const uint4*)(b + 16 + (j >> 1) * 32), q1 = *(const uint4*)(b + 32 + (j >> 1) * 32);
-    int sc, mn;
-    scale_min_k4_words(hd.y, hd.z, hd.w, j, sc, mn);
-    same_halves(s, h2f((u16)hd.x) * (float)sc, -(h2f((u16)(hd.x >> 16)) * (float)mn));
+    float d, m;
+    k4_chunk_scale(hd, j, d, m);
+    same_halves(s, d, -m);
     const int sh = 4 * (j & 1);
     const u32 q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
 #pragma unroll
@@ -324,8 +333,9 @@ template <> __device__ __forceinline__ void unpack<T_Q5_K>(const u8* row, int c,
         const uint4 hd = *(const uint4*)b;
         const uint4 h0 = *(const uint4*)(b + 16), h1 = *(const uint4*)(b + 32);
         const uint4 q0 = *(const uint4*)(b + 48 + (j >> 1) * 32), q1 = *(const uint4*)(b + 64 + (j >> 1) * 32);
-        scale_min_k4_words(hd.y, hd.z, hd.w, j, sc, mn);
-        same_halves(s, h2f((u16)hd.x) * (float)sc, -(h2f((u16)(hd.x >> 16)) * (float)mn));
+        float d, m;
+        k4_chunk_scale(hd, j, d, m);
+        same_halves(s, d, -m);
         const u32 q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
         const u32 qh[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
 #pragma unroll

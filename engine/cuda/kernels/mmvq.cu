@@ -194,7 +194,7 @@ mmvq(MMVQ_PARAMS) {
 // at the benchmark models' shapes (less L1 traffic per weight byte); at one column 35 % slower (Nsight Compute: 65 %
 // of issue slots busy against mmvq's 48 %: twice the decode work per value), and batching a lane's loads,
 // overlapping them with the previous dots or prefetching into L1 did not change that (BENCHMARKS.md). Launch rule
-// (launch.mmvq_launch): block 128 threads in groups of 128/groups threads (launch._mmvqp_groups); grid
+// (launch.mmvq_launches): block 128 threads in groups of 128/groups threads (launch._mmvqp_groups); grid
 // ceil(m / (groups * mmvqp_rows(NCOLS, GLU))) summed over the matrices (GLU: over m0, each group dotting the gate
 // and up rows of its outputs: half the rows, >= 1).
 #ifndef MMVQP_ROWS_1
@@ -228,10 +228,8 @@ template <> __device__ __forceinline__ PieceRaw<T_Q4_K> piece_load<T_Q4_K>(const
 template <> __device__ __forceinline__ void piece_decode<T_Q4_K>(const PieceRaw<T_Q4_K>& raw, int p, int v[4],
                                                                  float& d, float& m) {
     const int j = (p & 15) >> 1;
-    int sc, mn;
-    scale_min_k4_words(raw.h.y, raw.h.z, raw.h.w, j, sc, mn);
-    d = h2f((u16)raw.h.x) * (float)sc;
-    m = -(h2f((u16)(raw.h.x >> 16)) * (float)mn);
+    k4_chunk_scale(raw.h, j, d, m);
+    m = -m;
     const int sh = 4 * (j & 1);
     v[0] = (raw.q.x >> sh) & 0x0F0F0F0F; v[1] = (raw.q.y >> sh) & 0x0F0F0F0F;
     v[2] = (raw.q.z >> sh) & 0x0F0F0F0F; v[3] = (raw.q.w >> sh) & 0x0F0F0F0F;
@@ -298,7 +296,7 @@ mmvq_pieces(MMVQ_PARAMS) {
 // (values 8t..8t+7 of both chunks) and activation bytes 8t..8t+7 of column g. Integer dot per chunk, then
 // acc += d_w * d_x * dot - m_w * (d_x * sum x) per (row, column); the warps' tiles are summed through shared memory
 // in a fixed order. The activations are read once per 16 rows, where mmvq reads them once per row (per 1-4 rows).
-// Launch rule (launch.mmvq_launch): block 32 * MMVQM_WARPS threads, grid ceil(m / 16) summed over the matrices (GLU:
+// Launch rule (launch.mmvq_launches): block 32 * MMVQM_WARPS threads, grid ceil(m / 16) summed over the matrices (GLU:
 // over m0, each block dotting the gate and up tiles).
 // Chosen at 9..16 columns (launch.MMA_MIN_COLS; ENGINE_MMVQ_MMA=all forces it at every n). At 1..8 columns it is
 // slower than the other two: on the H200 at 4096 x 14336 (scripts/bench_mmvq_variants.py, 7 warp / pair settings)
@@ -391,12 +389,7 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 #pragma unroll
                 for (int h = 0; h < 2; ++h)
 #pragma unroll
-                    for (int cc = 0; cc < 2; ++cc) {
-                        int sc, mn;
-                        scale_min_k4_words(hd[i][h].y, hd[i][h].z, hd[i][h].w, 2 * (p & 3) + cc, sc, mn);
-                        dw[h][cc] = h2f((u16)hd[i][h].x) * (float)sc;
-                        mw[h][cc] = h2f((u16)(hd[i][h].x >> 16)) * (float)mn;
-                    }
+                    for (int cc = 0; cc < 2; ++cc) k4_chunk_scale(hd[i][h], 2 * (p & 3) + cc, dw[h][cc], mw[h][cc]);
 #pragma unroll
                 for (int cc = 0; cc < 2; ++cc) {
                     const int a[4] = {(int)((wq[u][i][0].x >> (4 * cc)) & 0x0F0F0F0Fu),
