@@ -135,30 +135,33 @@ def mmvq_multi(ws: list[GPUWeight], qs, ds, n: int, outs=None):
     return ys
 
 
-def mmvq_launches(ws: list[GPUWeight], qs, ds, n: int, ys: list) -> list[tuple]:
+def mmvq_launches(ws: list[GPUWeight], qs, ds, n: int, ys: list, glu: int = 0) -> list[tuple]:
     """[(kernel, grid, block, args)] of mmvq_multi's launches into ys, one per column group (a benchmark repeats them
-    without the Python work)."""
+    without the Python work); with glu (GLU_ACTS), mmvq_glu's: ws = [gate, up] into ys = [y]."""
     assert 1 <= len(ws) <= 3 and len({(int(w.type), w.k) for w in ws}) == 1
-    w0 = ws[0]
+    t, k = int(ws[0].type), ws[0].k
+    served = ws[:1] if glu else ws                    # GLU: each output row dots a gate row and an up row
     launches = []
-    for j, nj in column_groups(int(w0.type), n):
-        fn, rows, groups_for, threads = _mmvq_kernel(int(w0.type), nj, 0)
-        groups = groups_for(int(w0.type), sum(w.m for w in ws), w0.k)
+    for j, nj in column_groups(t, n):
+        fn, rows, groups_for, threads = _mmvq_kernel(t, nj, glu)
+        groups = groups_for(t, sum(w.m for w in served), k)
         per_block = groups * rows
-        grid = (sum((w.m + per_block - 1) // per_block for w in ws),)
-        args = mmvq_args(ws, qs[j:j + nj], ds[j:j + nj], [y[j:j + nj] for y in ys], groups)
+        grid = (sum((w.m + per_block - 1) // per_block for w in served),)
+        args = mmvq_args(ws, qs[j:j + nj], ds[j:j + nj], [y[j:j + nj] for y in ys], groups, bool(glu))
         launches.append((fn, grid, (threads,), args))
     return launches
 
 
-def mmvq_args(ws: list[GPUWeight], qs, ds, ys: list, groups: int) -> tuple:
+def mmvq_args(ws: list[GPUWeight], qs, ds, ys: list, groups: int, glu: bool = False) -> tuple:
     """The arguments every MMVQ kernel takes (kernels/mmvq.cu MMVQ_PARAMS): up to 3 matrices of one type and k
-    multiplied by the q8_1 activations (qs, ds) into ys, absent ones as null pointers with 0 rows."""
-    pad = 3 - len(ws)
-    wptr = [w.data for w in ws] + [np.uint64(0)] * pad
-    yptr = list(ys) + [np.uint64(0)] * pad
-    ms = [np.int32(w.m) for w in ws] + [np.int32(0)] * pad
-    return (*wptr, qs, ds, *yptr, *ms, np.int32(ws[0].k), np.int64(ws[0].row_bytes), np.int32(groups))
+    multiplied by the q8_1 activations (qs, ds) into ys, absent ones as null pointers with 0 rows; with glu, the
+    gate and up matrices into one output (only the gate's rows given: m1 = 0)."""
+    def padded(xs, fill):
+        return list(xs) + [fill] * (3 - len(xs))
+    ms = [ws[0].m] if glu else [w.m for w in ws]
+    return (*padded([w.data for w in ws], np.uint64(0)), qs, ds, *padded(ys, np.uint64(0)),
+            *padded([np.int32(m) for m in ms], np.int32(0)), np.int32(ws[0].k), np.int64(ws[0].row_bytes),
+            np.int32(groups))
 
 
 GLU_ACTS = {"silu": 1, "gelu": 2}
@@ -169,13 +172,8 @@ def mmvq_glu(gate: GPUWeight, up: GPUWeight, qs, ds, n: int, act: str, out=None)
     cp = _cp()
     assert (int(gate.type), gate.m, gate.k) == (int(up.type), up.m, up.k)
     y = out if out is not None else cp.empty((n, gate.m), cp.float32)
-    for j, nj in column_groups(int(gate.type), n):
-        fn, rows, groups_for, threads = _mmvq_kernel(int(gate.type), nj, GLU_ACTS[act])
-        groups = groups_for(int(gate.type), gate.m, gate.k)
-        fn(((gate.m + groups * rows - 1) // (groups * rows),), (threads,),
-            (gate.data, up.data, np.uint64(0), qs[j:j + nj], ds[j:j + nj], y[j:j + nj], np.uint64(0), np.uint64(0),
-             np.int32(gate.m), np.int32(0), np.int32(0), np.int32(gate.k), np.int64(gate.row_bytes),
-             np.int32(groups)))
+    for fn, grid, block, args in mmvq_launches([gate, up], qs, ds, n, [y], GLU_ACTS[act]):
+        fn(grid, block, args)
     return y
 
 
