@@ -124,6 +124,39 @@ __device__ __forceinline__ void reduce_store(const float (&acc)[NR][NCOLS],
     }
 }
 
+// The q8_1 activations of chunk c for NCOLS columns: its 32 int8 values in a0, a1 and (d, d * sum of the first 16,
+// d, d * sum of the last 16) in sa.
+template <int NCOLS>
+__device__ __forceinline__ void load_chunk_activations(const signed char* __restrict__ qs, const float2* __restrict__ ds,
+                                                       int k, int c, int4 (&a0)[NCOLS], int4 (&a1)[NCOLS],
+                                                       float4 (&sa)[NCOLS]) {
+#pragma unroll
+    for (int j = 0; j < NCOLS; ++j) {
+        const int4* a = (const int4*)(qs + (long long)j * k + c * 32);
+        a0[j] = a[0];
+        a1[j] = a[1];
+        sa[j] = *(const float4*)(ds + (long long)j * (k / 16) + c * 2);
+    }
+}
+
+// acc[j] += (weight chunk v, s) . (activation chunk j) for each column j.
+template <int T, int NCOLS>
+__device__ __forceinline__ void dot_chunk(const int (&v)[8], const ChunkScale& s, const int4 (&a0)[NCOLS],
+                                          const int4 (&a1)[NCOLS], const float4 (&sa)[NCOLS], float (&acc)[NCOLS]) {
+#pragma unroll
+    for (int j = 0; j < NCOLS; ++j) {
+        int d0 = dp4a(v[0], a0[j].x, 0); d0 = dp4a(v[1], a0[j].y, d0);
+        d0 = dp4a(v[2], a0[j].z, d0); d0 = dp4a(v[3], a0[j].w, d0);
+        int d1 = dp4a(v[4], a1[j].x, 0); d1 = dp4a(v[5], a1[j].y, d1);
+        d1 = dp4a(v[6], a1[j].z, d1); d1 = dp4a(v[7], a1[j].w, d1);
+        if constexpr (TypeTraits<T>::per16)
+            acc[j] += sa[j].x * (s.d[0] * (float)d0 + s.d[1] * (float)d1);
+        else
+            acc[j] += sa[j].x * s.d[0] * (float)(d0 + d1);
+        if constexpr (TypeTraits<T>::has_min) acc[j] += s.m[0] * sa[j].y + s.m[1] * sa[j].w;
+    }
+}
+
 template <int T, int NCOLS, int GLU>
 __global__ void __launch_bounds__(MMVQ_THREADS, MMVQ_MIN_BLOCKS)
 mmvq(MMVQ_PARAMS) {
@@ -151,14 +184,8 @@ mmvq(MMVQ_PARAMS) {
                                      : w + (long long)min(row0 + r, m - 1) * row_bytes) + off);
             }
             int4 a0[NCOLS], a1[NCOLS];
-            float4 sa[NCOLS];                                          // (d, s0, d, s1)
-#pragma unroll
-            for (int j = 0; j < NCOLS; ++j) {
-                const int4* a = (const int4*)(qs + (long long)j * k + c * 32);
-                a0[j] = a[0];
-                a1[j] = a[1];
-                sa[j] = *(const float4*)(ds + (long long)j * (k / 16) + c * 2);
-            }
+            float4 sa[NCOLS];
+            load_chunk_activations<NCOLS>(qs, ds, k, c, a0, a1, sa);
 #pragma unroll
             for (int r = 0; r < MMVQ_ROWS; ++r) {
                 if (!GLU && row0 + r >= m) break;
@@ -167,18 +194,7 @@ mmvq(MMVQ_PARAMS) {
                 const u8* wr = GLU ? (r == 0 ? w0 : w1) + (long long)row0 * row_bytes
                                    : w + (long long)(row0 + r) * row_bytes;
                 unpack<T>(wr, c, v, s);
-#pragma unroll
-                for (int j = 0; j < NCOLS; ++j) {
-                    int d0 = dp4a(v[0], a0[j].x, 0); d0 = dp4a(v[1], a0[j].y, d0);
-                    d0 = dp4a(v[2], a0[j].z, d0); d0 = dp4a(v[3], a0[j].w, d0);
-                    int d1 = dp4a(v[4], a1[j].x, 0); d1 = dp4a(v[5], a1[j].y, d1);
-                    d1 = dp4a(v[6], a1[j].z, d1); d1 = dp4a(v[7], a1[j].w, d1);
-                    if constexpr (TypeTraits<T>::per16)
-                        acc[r][j] += sa[j].x * (s.d[0] * (float)d0 + s.d[1] * (float)d1);
-                    else
-                        acc[r][j] += sa[j].x * s.d[0] * (float)(d0 + d1);
-                    if constexpr (TypeTraits<T>::has_min) acc[r][j] += s.m[0] * sa[j].y + s.m[1] * sa[j].w;
-                }
+                dot_chunk<T, NCOLS>(v, s, a0, a1, sa, acc[r]);
             }
         }
     }
