@@ -143,7 +143,18 @@ def test_cuda_batched_decode_matches_cpu(tiny, arch, monkeypatch):
     cpu = batched_decode(Runtime.load(tiny[arch], device="cpu", n_ctx=64, n_seq=12), prompts, steps, BATCHES)
     assert gpu.shape == (16, N_VOCAB)
     assert nmse(gpu, cpu) < Q8_1_BOUND
-    assert np.mean(gpu.argmax(1) == cpu.argmax(1)) >= 0.95
+    assert_argmax_near_ties(gpu, cpu)
+
+
+def assert_argmax_near_ties(gpu, cpu, sigmas=6.0):
+    """Every row's GPU argmax is the CPU's best token or within `sigmas` times the row's typical GPU-CPU difference
+    (1.4826 x its median absolute difference, which one wrong logit does not move) of it: a near tie that difference
+    can flip. With 16 rows a share-of-rows bound (>= 0.95) allowed no flip at all, and failed once on the H200
+    (seventh session) where reruns passed."""
+    err = 1.4826 * np.median(np.abs(gpu - cpu), axis=1)
+    picked = cpu[np.arange(len(cpu)), gpu.argmax(1)]
+    gap = cpu.max(1) - picked
+    assert np.all(gap <= sigmas * err), (gap / err).max()
 
 
 @pytest.mark.gpu
