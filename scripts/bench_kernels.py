@@ -76,6 +76,21 @@ def time_batched(fn, ws, reps, batch=10):
     return time_call(lambda i: [fn(ws[(i * batch + b) % len(ws)]) for b in range(batch)], reps) / batch
 
 
+def warm_gpu(seconds: float = 1.0):
+    """Keep the GPU busy copying for a while so its clocks are up before timing (an idle H200 sat at 345 MHz, and a
+    variants run started right after measured every kernel ~20 % slow)."""
+    import time
+
+    import cupy as cp
+    a = cp.empty(256 << 20, cp.uint8)
+    b = cp.empty_like(a)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(10):
+            cp.copyto(b, a)
+        cp.cuda.Device().synchronize()
+
+
 def copy_bandwidth():
     import cupy as cp
     a = cp.empty(2 << 30, cp.uint8)

@@ -17,7 +17,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_kernels import TYPE_NAMES, K, M, time_batched  # noqa: E402
+from bench_kernels import TYPE_NAMES, K, M, time_batched, warm_gpu  # noqa: E402
 
 from engine.quants import TYPES, random_blocks  # noqa: E402
 
@@ -137,6 +137,7 @@ def main():
     args = ap.parse_args()
     wanted = [v for v in args.variants.split(",") if v]
     rng = np.random.default_rng()
+    warm_gpu()
     results = []     # (type, variant, n, groups, us)
     for tname in args.types.split(","):
         t = TYPE_NAMES[tname]
