@@ -95,6 +95,30 @@ def test_mul_mat_quantized(t):
                 assert nmse(y, ref) <= bound, f"{label}: nmse {nmse(y, ref):.3g}"
 
 
+@pytest.mark.parametrize("t", [GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.Q4_1], ids=lambda t: t.name)
+def test_mmq_split_k(monkeypatch, t):
+    """MMQ with k split over 1, 3 (uneven: 6 + 6 + 4 stages) and 16 blocks (one stage each), then the partials added
+    in order: against numpy, against the unsplit kernel, and the same bits on a second run."""
+    import cupy as cp
+    from engine.cuda import launch
+    rng = np.random.default_rng()
+    m, k = 200, 4096
+    w, rw = random_weight(t, m, k, rng)
+    for n in (17, 64, 100):
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        _, xq = q8_1_ref(x)
+        qs, ds = launch.quantize_q8_1(cp.asarray(x), (n + 63) // 64 * 64)
+        ys = {}
+        for splits in ("1", "3", "16"):
+            monkeypatch.setenv("ENGINE_MMQ_SPLITS", splits)
+            assert launch.mmq_splits(m, qs.shape[0], k, 132)[0] == int(splits)
+            y = launch.mmq(w, qs, ds, n, cp.full((n, m), cp.nan, cp.float32)).get()
+            assert np.isfinite(y).all() and nmse(y, xq @ rw.T) <= 1e-8, (t.name, n, splits)
+            assert np.array_equal(y, launch.mmq(w, qs, ds, n).get()), (t.name, n, splits, "run to run")
+            ys[splits] = y
+        assert nmse(ys["3"], ys["1"]) <= 1e-12 and nmse(ys["16"], ys["1"]) <= 1e-12, (t.name, n)
+
+
 @pytest.mark.parametrize("t", [GGMLType.F16, GGMLType.F32], ids=lambda t: t.name)
 def test_mul_mat_float(t):
     import cupy as cp

@@ -65,6 +65,20 @@ def test_mmvq_kernel_choice(monkeypatch):
     assert mmvq_choice(q4k, 3, 2)[0] == "mmvq_mma_q4_K<3, 2>" and mmvq_choice(q6k, 3, 0)[0] == "mmvq<14, 3, 0>"
 
 
+def test_mmq_split_rule(monkeypatch):
+    """MMQ splits k only where its tiles are fewer than the SMs, into equal non-empty runs of stages (256 values)."""
+    from engine.cuda.launch import mmq_splits
+    monkeypatch.delenv("ENGINE_MMQ_SPLITS", raising=False)
+    assert mmq_splits(4096, 512, 14336, 132) == (1, 56)          # 256 tiles: no split
+    assert mmq_splits(4096, 64, 14336, 132) == (4, 14)           # 32 tiles x 4 splits = 128 blocks
+    assert mmq_splits(200, 64, 4096, 132) == (8, 2)              # at most MMQ_MAX_SPLITS
+    assert mmq_splits(77, 64, 512, 132) == (2, 1)                # no more splits than stages
+    monkeypatch.setenv("ENGINE_MMQ_SPLITS", "3")
+    assert mmq_splits(200, 64, 4096, 132) == (3, 6)              # 16 stages: 6 + 6 + 4
+    monkeypatch.setenv("ENGINE_MMQ_SPLITS", "1")
+    assert mmq_splits(200, 64, 4096, 132) == (1, 16)
+
+
 def test_mmvq_group_rules():
     """The row-group splits measured fastest on the H200 (scripts/bench_mmvq_groups.py, BENCHMARKS.md)."""
     from engine.cuda.launch import _mmvq_groups, _mmvqp_groups

@@ -1,6 +1,7 @@
 """Launchers: one Python function per kernel family, shapes checked, launch rules as written beside each kernel."""
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -177,16 +178,42 @@ def mmvq_glu(gate: GPUWeight, up: GPUWeight, qs, ds, n: int, act: str, out=None)
     return y
 
 
+MMQ_KT = 256                # kernels/mmq.cu: k-values per stage
+MMQ_MAX_SPLITS = 8
+
+
+def mmq_splits(m: int, n_pad: int, k: int, sms: int) -> tuple[int, int]:
+    """(splits, stages per split) of MMQ's split-k: where the output tiles are fewer than the SMs (one 256-thread
+    block fits an SM), k's stages are cut into up to MMQ_MAX_SPLITS equal runs so that tiles x splits <= sms; none
+    empty. ENGINE_MMQ_SPLITS=N asks for N splits (1: none)."""
+    stages = (k + MMQ_KT - 1) // MMQ_KT
+    tiles = (m + MMQ_BM - 1) // MMQ_BM * (n_pad // MMQ_BN)
+    forced = os.environ.get("ENGINE_MMQ_SPLITS")
+    splits = max(1, min(stages, int(forced) if forced else min(MMQ_MAX_SPLITS, sms // tiles)))
+    per = (stages + splits - 1) // splits
+    return (stages + per - 1) // per, per
+
+
+@functools.cache
+def _sm_count() -> int:
+    return _cp().cuda.Device().attributes["MultiProcessorCount"]
+
+
 def mmq(w: GPUWeight, qs, ds, n: int, out=None):
     """y [n, m] = x W^T on int8 tensor cores; qs/ds padded to a multiple of MMQ_BN columns."""
     cp = _cp()
     n_pad = qs.shape[0]
     assert n_pad % MMQ_BN == 0 and n <= n_pad
     y = out if out is not None else cp.empty((n, w.m), cp.float32)
+    splits, per = mmq_splits(w.m, n_pad, w.k, _sm_count())
+    part = y if splits == 1 else cp.empty((splits, n, w.m), cp.float32)    # each split's partial y
     k = _with_smem(kernel("mmq", f"mmq<{int(w.type)}>"), MMQ_SMEM_BYTES)
-    grid = ((w.m + MMQ_BM - 1) // MMQ_BM, n_pad // MMQ_BN)
-    k(grid, (256,), (w.data, qs, ds, y, np.int32(w.m), np.int32(n), np.int32(w.k), np.int64(w.row_bytes)),
-      shared_mem=MMQ_SMEM_BYTES)
+    grid = ((w.m + MMQ_BM - 1) // MMQ_BM, n_pad // MMQ_BN, splits)
+    k(grid, (256,), (w.data, qs, ds, part, np.int32(w.m), np.int32(n), np.int32(w.k), np.int64(w.row_bytes),
+                     np.int32(per)), shared_mem=MMQ_SMEM_BYTES)
+    if splits > 1:
+        nm = n * w.m
+        kernel("mmq", "mmq_split_sum")(((nm + 255) // 256,), (256,), (part, y, np.int32(splits), np.int64(nm)))
     return y
 
 

@@ -7,8 +7,11 @@
 // raw weight blocks are unpacked (smem -> smem) into int8 + per-16/32 scales, then every warp runs the mma
 // over its 32 x 32 sub-tile: integer accumulation over each 32-wide chunk (two k16 halves for the per-16-scale types
 // Q2_K/Q3_K/Q6_K), then the fp32 rescale  acc += d_w * d_x * int_dot (+ m_w * d_x * sum(q_x) for the affine types).
-// Launch rule (should_use_mmq in dispatch.py): block 256 threads, grid (ceil(m / MMQ_BM), n_pad / MMQ_BN),
-// dynamic shared memory MMQ_SMEM_BYTES.
+// Split-k: where the tiles are fewer than the SMs, block z of gridDim.z computes stages z * split_stages .. of k
+// into its own partial y (y + z * n * m), and mmq_split_sum adds the partials in the order z = 0, 1, ... (the same
+// sums in the same order every run).
+// Launch rule (launch.mmq, launch.mmq_splits): block 256 threads, grid (ceil(m / MMQ_BM), n_pad / MMQ_BN, splits),
+// dynamic shared memory MMQ_SMEM_BYTES; with splits > 1 then mmq_split_sum over n * m outputs, block 256.
 #include "common.cuh"
 
 #define MMQ_BM 128
@@ -71,7 +74,7 @@ __device__ __forceinline__ void mmq_load_stage(const u8* __restrict__ w, const s
 template <int T>
 __global__ void __launch_bounds__(MMQ_THREADS, 1)
 mmq(const u8* __restrict__ w, const signed char* __restrict__ qs, const float2* __restrict__ ds,
-    float* __restrict__ y, int m, int n, int k, long long row_bytes) {
+    float* __restrict__ y, int m, int n, int k, long long row_bytes, int split_stages) {
     extern __shared__ __align__(16) u8 smem[];
     u8* sA = smem + SM_A;
     float* sAd = (float*)(smem + SM_AD);
@@ -84,6 +87,8 @@ mmq(const u8* __restrict__ w, const signed char* __restrict__ qs, const float2* 
     const int row0 = blockIdx.x * MMQ_BM, col0 = blockIdx.y * MMQ_BN;
     const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;     // this warp's 32 x 32 sub-tile
     const int chunks = k / 32, stages = (chunks + MMQ_CH - 1) / MMQ_CH;
+    const int st0 = blockIdx.z * split_stages, st1 = min(stages, st0 + split_stages);   // this split's stages
+    y += (long long)blockIdx.z * n * m;
 
     float acc[2][4][4];
 #pragma unroll
@@ -93,11 +98,11 @@ mmq(const u8* __restrict__ w, const signed char* __restrict__ qs, const float2* 
 #pragma unroll
             for (int l = 0; l < 4; ++l) acc[i][j][l] = 0.f;
 
-    mmq_load_stage<T>(w, qs, ds, smem, 0, 0, row0, col0, m, k, row_bytes);
+    mmq_load_stage<T>(w, qs, ds, smem, 0, st0, row0, col0, m, k, row_bytes);
     cp_async_commit();
-    for (int st = 0; st < stages; ++st) {
-        const int buf = st & 1;
-        if (st + 1 < stages) mmq_load_stage<T>(w, qs, ds, smem, buf ^ 1, st + 1, row0, col0, m, k, row_bytes);
+    for (int st = st0; st < st1; ++st) {
+        const int buf = (st - st0) & 1;
+        if (st + 1 < st1) mmq_load_stage<T>(w, qs, ds, smem, buf ^ 1, st + 1, row0, col0, m, k, row_bytes);
         cp_async_commit();
         cp_async_wait_one();
         __syncthreads();
@@ -205,5 +210,15 @@ mmq(const u8* __restrict__ w, const signed char* __restrict__ qs, const float2* 
 }
 
 #define INSTANTIATE_MMQ(T) template __global__ void mmq<T>(const u8* __restrict__, const signed char* __restrict__, \
-    const float2* __restrict__, float* __restrict__, int, int, int, long long);
+    const float2* __restrict__, float* __restrict__, int, int, int, long long, int);
 FOR_EACH_QTYPE(INSTANTIATE_MMQ)
+
+// y[i] = part[0][i] + part[1][i] + ... (splits partials of n * m outputs each, added in that order)
+extern "C" __global__ void mmq_split_sum(const float* __restrict__ part, float* __restrict__ y, int splits,
+                                         long long nm) {
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= nm) return;
+    float s = part[i];
+    for (int z = 1; z < splits; ++z) s += part[z * nm + i];
+    y[i] = s;
+}
