@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """MMQ kernel time with and without split-k (ENGINE_MMQ_SPLITS=1 against launch.mmq_splits' rule) at m = 4096,
-k = 14336, n = 16..512, q4_K and q8_0 (kernel us: 10 back-to-back calls / 10, weights rotated over 4 copies).
+k = 14336, n = 16..512, q4_K (generic mmq<12> and mmq_q4_K) and q8_0 (kernel us: 10 back-to-back calls / 10,
+weights rotated over 4 copies).
 
     python scripts/bench_mmq_splits.py
 """
@@ -20,7 +21,7 @@ from engine.quants import TYPES, random_blocks  # noqa: E402
 
 warm_gpu()
 rng = np.random.default_rng()
-print("| type | n | splits | MMQ us unsplit | MMQ us split-k |")
+print("| type | n | kernel | splits | MMQ us unsplit | MMQ us split-k |")
 for tname in ("q4_K", "q8_0"):
     t = TYPE_NAMES[tname]
     blocks = random_blocks(t, M * K // TYPES[t].block_size, rng)
@@ -29,12 +30,15 @@ for tname in ("q4_K", "q8_0"):
         x = cp.asarray(rng.standard_normal((n, K)).astype(np.float32))
         qs, ds = launch.quantize_q8_1(x, (n + 63) // 64 * 64)
         out = cp.empty((n, M), cp.float32)
-        res = []
-        for s in ("1", ""):
-            if s:
-                os.environ["ENGINE_MMQ_SPLITS"] = s
-            else:
-                os.environ.pop("ENGINE_MMQ_SPLITS", None)
-            res.append(time_batched(lambda w: launch.mmq(w, qs, ds, n, out), ws, 10))
-        splits = launch.mmq_splits(M, qs.shape[0], K, launch._sm_count())[0]
-        print(f"| {tname} | {n} | {splits} | {res[0]:.1f} | {res[1]:.1f} |", flush=True)
+        for q4k in ("0", "1") if t == TYPE_NAMES["q4_K"] else ("0",):
+            os.environ["ENGINE_MMQ_Q4K"] = q4k
+            name, _, per_sm = launch.mmq_kernel(int(t))
+            res = []
+            for s in ("1", ""):
+                if s:
+                    os.environ["ENGINE_MMQ_SPLITS"] = s
+                else:
+                    os.environ.pop("ENGINE_MMQ_SPLITS", None)
+                res.append(time_batched(lambda w: launch.mmq(w, qs, ds, n, out), ws, 10))
+            splits = launch.mmq_splits(M, qs.shape[0], K, launch._sm_count() * per_sm)[0]
+            print(f"| {tname} | {n} | {name} | {splits} | {res[0]:.1f} | {res[1]:.1f} |", flush=True)

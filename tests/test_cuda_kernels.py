@@ -95,12 +95,16 @@ def test_mul_mat_quantized(t):
                 assert nmse(y, ref) <= bound, f"{label}: nmse {nmse(y, ref):.3g}"
 
 
-@pytest.mark.parametrize("t", [GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.Q4_1], ids=lambda t: t.name)
-def test_mmq_split_k(monkeypatch, t):
-    """MMQ with k split over 1, 3 (uneven: 6 + 6 + 4 stages) and 16 blocks (one stage each), then the partials added
-    in order: against numpy, against the unsplit kernel, and the same bits on a second run."""
+@pytest.mark.parametrize("t,q4k", [(GGMLType.Q4_K, "1"), (GGMLType.Q4_K, "0"), (GGMLType.Q6_K, ""),
+                                   (GGMLType.Q8_0, ""), (GGMLType.Q4_1, "")], ids=lambda v: getattr(v, "name", v))
+def test_mmq_split_k(monkeypatch, t, q4k):
+    """MMQ (for Q4_K: mmq_q4_K on the raw blocks, or with ENGINE_MMQ_Q4K=0 the generic kernel) with k split over 1,
+    3 (uneven: 6 + 6 + 4 stages) and 16 blocks (one stage each), then the partials added in order: against numpy,
+    against the unsplit kernel, and the same bits on a second run."""
     import cupy as cp
     from engine.cuda import launch
+    monkeypatch.setenv("ENGINE_MMQ_Q4K", q4k)
+    assert launch.mmq_kernel(int(t))[0] == ("mmq_q4_K" if q4k == "1" else f"mmq<{int(t)}>")
     rng = np.random.default_rng()
     m, k = 200, 4096
     w, rw = random_weight(t, m, k, rng)

@@ -79,6 +79,17 @@ def test_mmq_split_rule(monkeypatch):
     assert mmq_splits(200, 64, 4096, 132) == (1, 16)
 
 
+def test_mmq_kernel_choice(monkeypatch):
+    """Q4_K takes mmq_q4_K (raw blocks in shared memory, sized for 2 blocks per SM) unless ENGINE_MMQ_Q4K=0."""
+    from engine.cuda.launch import MMQ_SMEM_BYTES, MMQK_SMEM_BYTES, mmq_kernel
+    monkeypatch.delenv("ENGINE_MMQ_Q4K", raising=False)
+    assert mmq_kernel(int(GGMLType.Q4_K)) == ("mmq_q4_K", MMQK_SMEM_BYTES, 2)
+    assert 2 * (MMQK_SMEM_BYTES + 1024) <= 228 * 1024                     # sm_90: 228 KB of shared memory per SM
+    assert mmq_kernel(int(GGMLType.Q6_K)) == ("mmq<14>", MMQ_SMEM_BYTES, 1)
+    monkeypatch.setenv("ENGINE_MMQ_Q4K", "0")
+    assert mmq_kernel(int(GGMLType.Q4_K)) == ("mmq<12>", MMQ_SMEM_BYTES, 1)
+
+
 def test_mmvq_group_rules():
     """The row-group splits measured fastest on the H200 (scripts/bench_mmvq_groups.py, BENCHMARKS.md)."""
     from engine.cuda.launch import _mmvq_groups, _mmvqp_groups

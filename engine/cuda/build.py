@@ -45,7 +45,7 @@ def name_expressions(family: str) -> list[str]:
         return [f"mmvf<{w}, {n}, {v}>" for w, vec in (("float", 4), ("u16", 8)) for n in range(1, 9)
                 for v in (vec, 1)]
     if family == "mmq":
-        return [f"mmq<{t}>" for t in qtypes] + ["mmq_split_sum"]
+        return [f"mmq<{t}>" for t in qtypes] + ["mmq_q4_K", "mmq_split_sum"]
     if family == "argmax":
         return ["argmax_rows"]
     if family == "rope":

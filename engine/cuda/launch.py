@@ -180,16 +180,19 @@ def mmvq_glu(gate: GPUWeight, up: GPUWeight, qs, ds, n: int, act: str, out=None)
 
 MMQ_KT = 256                # kernels/mmq.cu: k-values per stage
 MMQ_MAX_SPLITS = 8
+# kernels/mmq.cu MMQK_SMEM_BYTES: two stages of raw Q4_K blocks [128][160], activations [64][288], their
+# scales [64][18] float2
+MMQK_SMEM_BYTES = 2 * (128 * 160 + 64 * 288 + 64 * 18 * 8)
 
 
-def mmq_splits(m: int, n_pad: int, k: int, sms: int) -> tuple[int, int]:
-    """(splits, stages per split) of MMQ's split-k: where the output tiles are fewer than the SMs (one 256-thread
-    block fits an SM), k's stages are cut into up to MMQ_MAX_SPLITS equal runs so that tiles x splits <= sms; none
+def mmq_splits(m: int, n_pad: int, k: int, slots: int) -> tuple[int, int]:
+    """(splits, stages per split) of MMQ's split-k: where the output tiles are fewer than the block slots (SMs x
+    blocks per SM), k's stages are cut into up to MMQ_MAX_SPLITS equal runs so that tiles x splits <= slots; none
     empty. ENGINE_MMQ_SPLITS=N asks for N splits (1: none)."""
     stages = (k + MMQ_KT - 1) // MMQ_KT
     tiles = (m + MMQ_BM - 1) // MMQ_BM * (n_pad // MMQ_BN)
     forced = os.environ.get("ENGINE_MMQ_SPLITS")
-    splits = max(1, min(stages, int(forced) if forced else min(MMQ_MAX_SPLITS, sms // tiles)))
+    splits = max(1, min(stages, int(forced) if forced else min(MMQ_MAX_SPLITS, slots // tiles)))
     per = (stages + splits - 1) // splits
     return (stages + per - 1) // per, per
 
@@ -199,18 +202,27 @@ def _sm_count() -> int:
     return _cp().cuda.Device().attributes["MultiProcessorCount"]
 
 
+def mmq_kernel(t: int) -> tuple[str, int, int]:
+    """(kernel, dynamic shared memory, blocks per SM it is sized for) of MMQ for type t: mmq_q4_K for Q4_K (unless
+    ENGINE_MMQ_Q4K=0), else mmq<t>."""
+    if t == 12 and os.environ.get("ENGINE_MMQ_Q4K", "") != "0":
+        return "mmq_q4_K", MMQK_SMEM_BYTES, 2
+    return f"mmq<{t}>", MMQ_SMEM_BYTES, 1
+
+
 def mmq(w: GPUWeight, qs, ds, n: int, out=None):
     """y [n, m] = x W^T on int8 tensor cores; qs/ds padded to a multiple of MMQ_BN columns."""
     cp = _cp()
     n_pad = qs.shape[0]
     assert n_pad % MMQ_BN == 0 and n <= n_pad
     y = out if out is not None else cp.empty((n, w.m), cp.float32)
-    splits, per = mmq_splits(w.m, n_pad, w.k, _sm_count())
+    name, smem, per_sm = mmq_kernel(int(w.type))
+    splits, per = mmq_splits(w.m, n_pad, w.k, _sm_count() * per_sm)
     part = y if splits == 1 else cp.empty((splits, n, w.m), cp.float32)    # each split's partial y
-    k = _with_smem(kernel("mmq", f"mmq<{int(w.type)}>"), MMQ_SMEM_BYTES)
+    k = _with_smem(kernel("mmq", name), smem)
     grid = ((w.m + MMQ_BM - 1) // MMQ_BM, n_pad // MMQ_BN, splits)
     k(grid, (256,), (w.data, qs, ds, part, np.int32(w.m), np.int32(n), np.int32(w.k), np.int64(w.row_bytes),
-                     np.int32(per)), shared_mem=MMQ_SMEM_BYTES)
+                     np.int32(per)), shared_mem=smem)
     if splits > 1:
         nm = n * w.m
         kernel("mmq", "mmq_split_sum")(((nm + 255) // 256,), (256,), (part, y, np.int32(splits), np.int64(nm)))

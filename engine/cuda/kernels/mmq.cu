@@ -213,6 +213,147 @@ mmq(const u8* __restrict__ w, const signed char* __restrict__ qs, const float2* 
     const float2* __restrict__, float* __restrict__, int, int, int, long long, int);
 FOR_EACH_QTYPE(INSTANTIATE_MMQ)
 
+// ---- MMQ for Q4_K on its raw blocks (mmq_q4_K): same arguments, tiles, split-k and output as mmq<T_Q4_K>, but
+// shared memory holds each row's Q4_K block as it is in global memory (no unpacked int8 copy, no weight scale
+// arrays): 47 KB per stage where mmq takes 92, so two blocks share an SM (16 warps where mmq has 8 to hide latency).
+// A stage is one 256-value block: four 32-byte quant groups, group p holding chunk 2p in its low nibbles and 2p+1 in
+// its high ones. The mma operands are plain loads with the k order inside a chunk permuted alike in A and B (as in
+// mmvq_mma_q4_K): lane (g, t) takes quant bytes 8t..8t+7 of a group for rows g and g + 8 of a 16-row tile, and
+// activation bytes 8t..8t+7 of the chunk for column g of an 8-column tile. Each lane decodes its 4 rows' chunk
+// scales from the block headers (k4_chunk_scale) and rescales per chunk: acc += d_w d_x dot - m_w (d_x sum x).
+// Launch rule (launch.mmq for Q4_K unless ENGINE_MMQ_Q4K=0): block 256 threads, grid (ceil(m / MMQ_BM),
+// n_pad / MMQ_BN, splits), dynamic shared memory MMQK_SMEM_BYTES, 2 blocks per SM.
+#define MMQK_A_LD 160                    // smem bytes per row of a stage's weights: 144 used; 40 words apart
+#define MMQK_B_LD 288                    // smem bytes per column of a stage's activations: 256 used; 72 words apart
+#define MMQK_A_BYTES (MMQ_BM * MMQK_A_LD)                  // u8 [MMQ_BM][MMQK_A_LD]     raw Q4_K blocks
+#define MMQK_B_BYTES (MMQ_BN * MMQK_B_LD)                  // int8 [MMQ_BN][MMQK_B_LD]   activations
+#define MMQK_BD_LD 18                     // float2 per column of a stage's activation scales: 16 used; 36 words apart
+#define MMQK_BD_BYTES (MMQ_BN * MMQK_BD_LD * 8)            // float2 [MMQ_BN][MMQK_BD_LD] (d, d * sum) per 16 values
+#define MMQK_STAGE_BYTES (MMQK_A_BYTES + MMQK_B_BYTES + MMQK_BD_BYTES)
+#define MMQK_SMEM_BYTES (2 * MMQK_STAGE_BYTES)
+
+__device__ __forceinline__ void mmq_q4_K_load_stage(const u8* __restrict__ w, const signed char* __restrict__ qs,
+                                                    const float2* __restrict__ ds, u8* stage, int st, int row0,
+                                                    int col0, int m, int k, long long row_bytes) {
+    const int tid = threadIdx.x;
+    for (int idx = tid; idx < MMQ_BM * 9; idx += MMQ_THREADS) {           // 9 x 16 bytes per row
+        const int r = idx / 9, piece = idx % 9;
+        const bool ok = row0 + r < m;
+        cp_async16(stage + r * MMQK_A_LD + piece * 16,
+                   ok ? w + (long long)(row0 + r) * row_bytes + (long long)st * 144 + piece * 16 : w, ok ? 16 : 0);
+    }
+    u8* sB = stage + MMQK_A_BYTES;
+#pragma unroll
+    for (int q = 0; q < MMQ_BN * 16 / MMQ_THREADS; ++q) {                // 16 x 16 bytes per column
+        const int idx = tid + q * MMQ_THREADS, cl = idx / 16, piece = idx % 16;
+        cp_async16(sB + cl * MMQK_B_LD + piece * 16, qs + (long long)(col0 + cl) * k + st * 256 + piece * 16, 16);
+    }
+    float2* sBd = (float2*)(stage + MMQK_A_BYTES + MMQK_B_BYTES);
+#pragma unroll
+    for (int q = 0; q < MMQ_BN * 8 / MMQ_THREADS; ++q) {                 // 8 x (two float2) per column
+        const int idx = tid + q * MMQ_THREADS, cl = idx / 8, piece = idx % 8;
+        cp_async16(sBd + cl * MMQK_BD_LD + piece * 2, ds + (long long)(col0 + cl) * (k / 16) + st * 16 + piece * 2,
+                   16);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
+mmq_q4_K(const u8* __restrict__ w, const signed char* __restrict__ qs, const float2* __restrict__ ds,
+         float* __restrict__ y, int m, int n, int k, long long row_bytes, int split_stages) {
+    extern __shared__ __align__(16) u8 mmqk_smem[];  // MMQK_SMEM_BYTES: 2 stages
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int row0 = blockIdx.x * MMQ_BM, col0 = blockIdx.y * MMQ_BN;
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;     // this warp's 32 x 32 sub-tile
+    const int stages = k / 256;
+    const int st0 = blockIdx.z * split_stages, st1 = min(stages, st0 + split_stages);   // this split's stages
+    y += (long long)blockIdx.z * n * m;
+
+    float acc[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int l = 0; l < 4; ++l) acc[i][j][l] = 0.f;
+
+    mmq_q4_K_load_stage(w, qs, ds, mmqk_smem, st0, row0, col0, m, k, row_bytes);
+    cp_async_commit();
+    for (int st = st0; st < st1; ++st) {
+        const u8* stage = mmqk_smem + ((st - st0) & 1) * MMQK_STAGE_BYTES;
+        if (st + 1 < st1)
+            mmq_q4_K_load_stage(w, qs, ds, mmqk_smem + ((st + 1 - st0) & 1) * MMQK_STAGE_BYTES, st + 1, row0, col0,
+                                m, k, row_bytes);
+        cp_async_commit();
+        cp_async_wait_one();
+        __syncthreads();
+        const u8* sB = stage + MMQK_A_BYTES;
+        const float2* sBd = (const float2*)(stage + MMQK_A_BYTES + MMQK_B_BYTES);
+#pragma unroll 1
+        for (int p = 0; p < 4; ++p) {                             // quant group p: chunks 2p (low), 2p + 1 (high)
+            uint2 wq[2][2];                                       // [tile][row g / g + 8]
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    wq[i][h] = *(const uint2*)(stage + (wm + 16 * i + g + 8 * h) * MMQK_A_LD + 16 + 32 * p + 8 * t);
+#pragma unroll 1
+            for (int cc = 0; cc < 2; ++cc) {                      // (unrolled: 146 registers; 2 blocks per SM need 128)
+                const int c = 2 * p + cc;                         // chunk of the block
+                float dw[2][2], mw[2][2];                         // [tile][row g / g + 8], from the headers
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+                        k4_chunk_scale(*(const uint4*)(stage + (wm + 16 * i + g + 8 * h) * MMQK_A_LD), c, dw[i][h],
+                                       mw[i][h]);
+                int a[2][4];
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    a[i][0] = (int)((wq[i][0].x >> (4 * cc)) & 0x0F0F0F0Fu);
+                    a[i][1] = (int)((wq[i][1].x >> (4 * cc)) & 0x0F0F0F0Fu);
+                    a[i][2] = (int)((wq[i][0].y >> (4 * cc)) & 0x0F0F0F0Fu);
+                    a[i][3] = (int)((wq[i][1].y >> (4 * cc)) & 0x0F0F0F0Fu);
+                }
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const uint2 xb = *(const uint2*)(sB + (wn + 8 * j + g) * MMQK_B_LD + 32 * c + 8 * t);
+                    const int b[2] = {(int)xb.x, (int)xb.y};
+                    float dx[2], sx[2];                           // columns 2t, 2t + 1 of the tile
+#pragma unroll
+                    for (int q = 0; q < 2; ++q) {
+                        const float4 v = *(const float4*)(sBd + (wn + 8 * j + 2 * t + q) * MMQK_BD_LD + 2 * c);
+                        dx[q] = v.x;
+                        sx[q] = v.y + v.w;
+                    }
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        int cv[4] = {0, 0, 0, 0};
+                        mma_k32(cv, a[i], b);
+#pragma unroll
+                        for (int l = 0; l < 4; ++l) {
+                            const int h = l >> 1, q = l & 1;
+                            acc[i][j][l] += dw[i][h] * dx[q] * (float)cv[l] - mw[i][h] * sx[q];
+                        }
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int l = 0; l < 4; ++l) {
+                const int r = row0 + wm + i * 16 + g + (l >> 1) * 8;
+                const int cl = col0 + wn + j * 8 + t * 2 + (l & 1);
+                if (r < m && cl < n) y[(long long)cl * m + r] = acc[i][j][l];
+            }
+}
+
 // y[i] = part[0][i] + part[1][i] + ... (splits partials of n * m outputs each, added in that order)
 extern "C" __global__ void mmq_split_sum(const float* __restrict__ part, float* __restrict__ y, int splits,
                                          long long nm) {
