@@ -76,6 +76,7 @@ def test_dequantize(t):
 def test_mul_mat_quantized(t):
     import cupy as cp
     from engine.cuda.dispatch import choose_path, mul_mat
+    from engine.cuda.launch import MMVQ_MAX_COLS
     rng = np.random.default_rng()
     for m, k in shapes(t):
         w, wref = random_weight(t, m, k, rng)
@@ -84,7 +85,7 @@ def test_mul_mat_quantized(t):
             _, xq = q8_1_ref(x)
             ref = xq @ wref.T
             xd = cp.asarray(x)
-            paths = [None, "mmq", "dequant"] + (["mmvq"] if n <= 16 else [])
+            paths = [None, "mmq", "dequant"] + (["mmvq"] if n <= MMVQ_MAX_COLS else [])
             for path in paths:
                 out = cp.full((n, m), cp.nan, cp.float32)
                 y = mul_mat(w, xd, path=path, out=out).get()

@@ -327,7 +327,6 @@ template <> __device__ __forceinline__ void unpack<T_Q4_K>(const u8* row, int c,
 template <> __device__ __forceinline__ void unpack<T_Q5_K>(const u8* row, int c, int v[8], ChunkScale& s) {
     const u8* b = row + (c >> 3) * 176;
     const int j = c & 7;
-    int sc, mn;
     const int sh = 4 * (j & 1);
     if (WIDE_LOADS) {
         const uint4 hd = *(const uint4*)b;
@@ -342,6 +341,7 @@ template <> __device__ __forceinline__ void unpack<T_Q5_K>(const u8* row, int c,
         for (int i = 0; i < 8; ++i) v[i] = ((q[i] >> sh) & 0x0F0F0F0F) | (((qh[i] >> j) & 0x01010101) << 4);
         return;
     }
+    int sc, mn;
     scale_min_k4(b + 4, j, sc, mn);
     same_halves(s, ld_f16(b) * (float)sc, -(ld_f16(b + 2) * (float)mn));
 #pragma unroll
