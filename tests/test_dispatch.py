@@ -16,8 +16,11 @@ def test_sm90_table():
     small, large = weight(GGMLType.Q4_K, 576, 1536), weight(GGMLType.Q4_K, 4096, 14336)
     for n in (1, 5, 8, 9, 16):
         assert choose_path(small, n, SM90) == "mmvq" and choose_path(large, n, SM90) == "mmvq"
-    for n in (17, 64, 512):                                  # dequantize + cuBLAS: 2-5x our MMQ, f16 activations
-        assert choose_path(small, n, SM90) == "dequant" and choose_path(large, n, SM90) == "dequant"
+    for t in (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q8_0):     # MMQ with split-k up to 64 columns
+        assert [choose_path(weight(t, 4096, 14336), n, SM90) for n in (17, 64, 65, 512)] == ["mmq"] * 2 + ["dequant"] * 2
+    for t in (GGMLType.Q4_1, GGMLType.Q5_K, GGMLType.IQ4_XS):   # generic MMQ slower than dequantize + cuBLAS, or none
+        assert choose_path(weight(t, 4096, 14336), 17, SM90) == "dequant"
+    assert choose_path(small, 17, SM90) == "mmq" and choose_path(small, 512, SM90) == "dequant"
     assert choose_path(weight(GGMLType.IQ4_XS, 64, 256), 1, SM90) == "mmvq"
     f16 = weight(GGMLType.F16, 4096, 4096)
     assert choose_path(f16, 8, SM90) == "mmvf" and choose_path(f16, 9, SM90) == "cublas"

@@ -3,7 +3,7 @@
     float weights, n <= 8          -> MMVF
     float weights, n > 8           -> cuBLAS
     quantized, n <= mmvq_max(T)    -> MMVQ (weights read once per launch: all n for Q4_K, 8 columns for the others)
-    quantized, n >= mmq_min(T)     -> MMQ (int8 tensor cores)
+    quantized, n <= mmq_max(T)     -> MMQ (int8 tensor cores; split-k where its tiles are fewer than the SMs)
     otherwise                      -> dequantize to f16 + cuBLAS
 
 Force a path for tests and benchmarks with `mul_mat(..., path=...)` or ENGINE_MUL_MAT_PATH=mmvq|mmq|dequant.
@@ -12,17 +12,21 @@ from __future__ import annotations
 
 import os
 
+from ..quants import GGMLType
 from . import launch
 from .build import QTYPES
 from .weights import GPUWeight
 
-# Per compute capability: the largest column count MMVQ takes, and the smallest MMQ takes (per type; None = never).
-# From `scripts/bench_kernels.py --compare` on the H200 (BENCHMARKS.md): at every n from 16 to 512 and every type,
-# dequantize+cuBLAS beat our MMQ by 2-5x, so sm_90 takes that path above 8 columns until MMQ improves. (A whole
-# SmolLM2 prefill ran faster on MMQ, 31.0k against 28.3k t/s, but MMQ multiplies q8_1-rounded activations, the rounding
-# behind llama.cpp's KL of 0.0157 from the exact model: dequantize+cuBLAS keeps the prefill at 0.00006.)
+# Per compute capability: the largest column count MMVQ takes, and the largest MMQ takes above that (per type; types
+# not listed take the default). From `scripts/bench_kernels.py --compare` at m = 4096, k = 14336 on the H200
+# (BENCHMARKS.md): with split-k, MMQ beats dequantize+cuBLAS at 17-64 columns for Q4_K (mmq_q4_K, 75 against 117 us),
+# Q6_K (88-90 against 114-116) and Q8_0 (73); from 128 columns on dequantize+cuBLAS wins (q4_K 141 against 122 us at
+# 128, 522 against 161 at 512), and always for Q4_1 and Q5_K, whose generic MMQ is twice as slow. MMQ multiplies
+# q8_1-rounded activations, as MMVQ does below 17 columns; dequantize+cuBLAS keeps f16 activations (the long prefill
+# ubatches, where llama.cpp's MMQ costs a KL of 0.0157 from the exact model and this chain 0.00006).
+_MMQ_UP_TO_64 = {int(t): 64 for t in (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K)}
 THRESHOLDS = {
-    (9, 0): {"mmvq_max": {}, "mmvq_default": 16, "mmq_min": {}, "mmq_default": None},
+    (9, 0): {"mmvq_max": {}, "mmvq_default": 16, "mmq_max": _MMQ_UP_TO_64, "mmq_default": 0},
 }
 DEFAULT_ARCH = (9, 0)
 PATHS = ("mmvf", "cublas", "mmvq", "mmq", "dequant")
@@ -43,8 +47,7 @@ def choose_path(w: GPUWeight, n: int, arch: tuple[int, int] | None = None) -> st
     table = THRESHOLDS.get(arch or _arch(), THRESHOLDS[DEFAULT_ARCH])
     if n <= table["mmvq_max"].get(int(w.type), table["mmvq_default"]):
         return "mmvq"
-    mmq_min = table["mmq_min"].get(int(w.type), table["mmq_default"])
-    return "mmq" if mmq_min is not None and n >= mmq_min else "dequant"
+    return "mmq" if n <= table["mmq_max"].get(int(w.type), table["mmq_default"]) else "dequant"
 
 
 class Activations:
