@@ -24,6 +24,7 @@ def test_sm90_table():
     assert choose_path(weight(GGMLType.IQ4_XS, 64, 256), 1, SM90) == "mmvq"
     f16 = weight(GGMLType.F16, 4096, 4096)
     assert choose_path(f16, 8, SM90) == "mmvf" and choose_path(f16, 9, SM90) == "cublas"
+    assert choose_path(large, 16, (8, 9)) == "mmvq" and choose_path(large, 17, (8, 9)) == "dequant"   # not measured
 
 
 def test_forced_paths(monkeypatch):

@@ -30,7 +30,8 @@ _MMQ_UP_TO_64 = {int(t): 64 for t in (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_
 THRESHOLDS = {
     (9, 0): {"mmvq_max": {}, "mmvq_default": 16, "mmq_max": _MMQ_UP_TO_64, "mmq_default": 0},
 }
-DEFAULT_ARCH = (9, 0)
+# Architectures not measured: no MMQ (its tiles take more shared memory per block than sm_86 / sm_89 have, 99 KB).
+OTHER_ARCH = {"mmvq_max": {}, "mmvq_default": 16, "mmq_max": {}, "mmq_default": 0}
 PATHS = ("mmvf", "cublas", "mmvq", "mmq", "dequant")
 SUPPORTED_QTYPES = frozenset(QTYPES.values())
 
@@ -46,7 +47,7 @@ def choose_path(w: GPUWeight, n: int, arch: tuple[int, int] | None = None) -> st
         return "mmvf" if n <= 8 else "cublas"
     if int(w.type) not in SUPPORTED_QTYPES:
         return "dequant"
-    table = THRESHOLDS.get(arch or _arch(), THRESHOLDS[DEFAULT_ARCH])
+    table = THRESHOLDS.get(arch or _arch(), OTHER_ARCH)
     if n <= table["mmvq_max"].get(int(w.type), table["mmvq_default"]):
         return "mmvq"
     return "mmq" if n <= table["mmq_max"].get(int(w.type), table["mmq_default"]) else "dequant"
