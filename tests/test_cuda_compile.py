@@ -33,3 +33,25 @@ def test_compiles(tmp_path, family, arch):
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "warning" not in r.stderr.lower(), r.stderr[-3000:]
+
+
+def kernel_constants(family: str) -> dict[str, int]:
+    """The integer #defines of a kernel family's file (after common.cuh), evaluated."""
+    import re
+    defs = dict(re.findall(r"^#define (\w+) (.+?)\s*(?://.*)?$", expanded_source(family), re.M))
+    values = {}
+
+    def value(name):
+        if name not in values:
+            expr = re.sub(r"[A-Za-z_]\w*", lambda mt: str(value(mt.group(0))), defs[name])
+            values[name] = int(eval(expr.replace("/", "//"), {"__builtins__": {}}))
+        return values[name]
+    return {name: value(name) for name in defs if re.fullmatch(r"[\d\s()+*/A-Z_-]+", defs[name])}
+
+
+def test_launch_constants_match_kernels():
+    """launch.py's copies of the MMQ tile and shared-memory sizes equal the ones kernels/mmq.cu defines."""
+    from engine.cuda import launch
+    c = kernel_constants("mmq")
+    assert (c["MMQ_BM"], c["MMQ_BN"], c["MMQ_KT"]) == (launch.MMQ_BM, launch.MMQ_BN, launch.MMQ_KT)
+    assert c["MMQ_SMEM_BYTES"] == launch.MMQ_SMEM_BYTES and c["MMQK_SMEM_BYTES"] == launch.MMQK_SMEM_BYTES

@@ -181,8 +181,8 @@ def mmvq_glu(gate: GPUWeight, up: GPUWeight, qs, ds, n: int, act: str, out=None)
 MMQ_KT = 256                # kernels/mmq.cu: k-values per stage
 MMQ_MAX_SPLITS = 8
 # kernels/mmq.cu MMQK_SMEM_BYTES: two stages of raw Q4_K blocks [128][160], activations [64][288], their
-# scales [64][18] float2
-MMQK_SMEM_BYTES = 2 * (128 * 160 + 64 * 288 + 64 * 18 * 8)
+# scales [64][18] float2; the stage's chunk scales [128][9] float2
+MMQK_SMEM_BYTES = 2 * (128 * 160 + 64 * 288 + 64 * 18 * 8) + 128 * 9 * 8
 
 
 def mmq_splits(m: int, n_pad: int, k: int, slots: int) -> tuple[int, int]:

@@ -216,7 +216,9 @@ mmq(const u8* __restrict__ w, const signed char* __restrict__ qs, const float2* 
 
 #define INSTANTIATE_MMQ(T) template __global__ void mmq<T>(const u8* __restrict__, const signed char* __restrict__, \
     const float2* __restrict__, float* __restrict__, int, int, int, long long, int);
+#ifndef MMQ_SKIP_GENERIC                  // (scripts/bench_mmq_variants.py builds mmq_q4_K alone)
 FOR_EACH_QTYPE(INSTANTIATE_MMQ)
+#endif
 
 // ---- MMQ for Q4_K on its raw blocks (mmq_q4_K): same arguments, tiles, split-k and output as mmq<T_Q4_K>, but
 // shared memory holds each row's Q4_K block as it is in global memory (no unpacked int8 copy, no weight scale
@@ -235,7 +237,19 @@ FOR_EACH_QTYPE(INSTANTIATE_MMQ)
 #define MMQK_BD_LD 18                     // float2 per column of a stage's activation scales: 16 used; 36 words apart
 #define MMQK_BD_BYTES (MMQ_BN * MMQK_BD_LD * 8)            // float2 [MMQ_BN][MMQK_BD_LD] (d, d * sum) per 16 values
 #define MMQK_STAGE_BYTES (MMQK_A_BYTES + MMQK_B_BYTES + MMQK_BD_BYTES)
-#define MMQK_SMEM_BYTES (2 * MMQK_STAGE_BYTES)
+#define MMQK_S_LD 9                       // float2 per row of the stage's chunk scales: 8 used; rows 18 words apart
+#define MMQK_S_BYTES (MMQ_BM * MMQK_S_LD * 8)              // float2 [MMQ_BM][MMQK_S_LD] (d * sc, dmin * m) per chunk
+#define MMQK_SMEM_BYTES (2 * MMQK_STAGE_BYTES + MMQK_S_BYTES)
+#ifndef MMQK_SCALE_TABLE
+#define MMQK_SCALE_TABLE 1                // 1: the stage's 128 x 8 chunk scales decoded once into shared memory
+#endif                                    // (4 per thread); 0: each lane decodes its 4 rows' at every chunk
+#ifndef MMQK_CC_UNROLL
+#define MMQK_CC_UNROLL 1
+#endif
+constexpr int kMmqkCcUnroll = MMQK_CC_UNROLL;
+#ifndef MMQK_FMA_RESCALE
+#define MMQK_FMA_RESCALE 1                // 1: acc = fma(d_w d_x, dot, acc) then fma(-m_w, s_x, acc); 0: one expression
+#endif
 
 __device__ __forceinline__ void mmq_q4_K_load_stage(const u8* __restrict__ w, const signed char* __restrict__ qs,
                                                     const float2* __restrict__ ds, u8* stage, int st, int row0,
@@ -265,7 +279,8 @@ __device__ __forceinline__ void mmq_q4_K_load_stage(const u8* __restrict__ w, co
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
 mmq_q4_K(const u8* __restrict__ w, const signed char* __restrict__ qs, const float2* __restrict__ ds,
          float* __restrict__ y, int m, int n, int k, long long row_bytes, int split_stages) {
-    extern __shared__ __align__(16) u8 mmqk_smem[];  // MMQK_SMEM_BYTES: 2 stages
+    extern __shared__ __align__(16) u8 mmqk_smem[];  // MMQK_SMEM_BYTES: 2 stages, then the chunk scales
+    float2* sS = (float2*)(mmqk_smem + 2 * MMQK_STAGE_BYTES);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int row0 = blockIdx.x * MMQ_BM, col0 = blockIdx.y * MMQ_BN;
@@ -292,6 +307,16 @@ mmq_q4_K(const u8* __restrict__ w, const signed char* __restrict__ qs, const flo
         cp_async_commit();
         cp_async_wait_one();
         __syncthreads();
+        if (MMQK_SCALE_TABLE) {
+#pragma unroll
+            for (int q = 0; q < MMQ_BM * 8 / MMQ_THREADS; ++q) {
+                const int idx = tid + q * MMQ_THREADS, r = idx >> 3, c = idx & 7;
+                float d, mn;
+                k4_chunk_scale(*(const uint4*)(stage + r * MMQK_A_LD), c, d, mn);
+                sS[r * MMQK_S_LD + c] = make_float2(d, mn);
+            }
+            __syncthreads();
+        }
         const u8* sB = stage + MMQK_A_BYTES;
         const float2* sBd = (const float2*)(stage + MMQK_A_BYTES + MMQK_B_BYTES);
 #pragma unroll 1
@@ -302,16 +327,23 @@ mmq_q4_K(const u8* __restrict__ w, const signed char* __restrict__ qs, const flo
 #pragma unroll
                 for (int h = 0; h < 2; ++h)
                     wq[i][h] = *(const uint2*)(stage + (wm + 16 * i + g + 8 * h) * MMQK_A_LD + 16 + 32 * p + 8 * t);
-#pragma unroll 1
+#pragma unroll kMmqkCcUnroll
             for (int cc = 0; cc < 2; ++cc) {                      // (unrolled: 146 registers; 2 blocks per SM need 128)
                 const int c = 2 * p + cc;                         // chunk of the block
                 float dw[2][2], mw[2][2];                         // [tile][row g / g + 8], from the headers
 #pragma unroll
                 for (int i = 0; i < 2; ++i)
 #pragma unroll
-                    for (int h = 0; h < 2; ++h)
-                        k4_chunk_scale(*(const uint4*)(stage + (wm + 16 * i + g + 8 * h) * MMQK_A_LD), c, dw[i][h],
-                                       mw[i][h]);
+                    for (int h = 0; h < 2; ++h) {
+                        const int r = wm + 16 * i + g + 8 * h;
+                        if (MMQK_SCALE_TABLE) {
+                            const float2 sc = sS[r * MMQK_S_LD + c];
+                            dw[i][h] = sc.x;
+                            mw[i][h] = sc.y;
+                        } else {
+                            k4_chunk_scale(*(const uint4*)(stage + r * MMQK_A_LD), c, dw[i][h], mw[i][h]);
+                        }
+                    }
                 int a[2][4];
 #pragma unroll
                 for (int i = 0; i < 2; ++i) {
@@ -338,7 +370,12 @@ mmq_q4_K(const u8* __restrict__ w, const signed char* __restrict__ qs, const flo
 #pragma unroll
                         for (int l = 0; l < 4; ++l) {
                             const int h = l >> 1, q = l & 1;
-                            acc[i][j][l] += dw[i][h] * dx[q] * (float)cv[l] - mw[i][h] * sx[q];
+                            if (MMQK_FMA_RESCALE) {
+                                acc[i][j][l] = fmaf(dw[i][h] * dx[q], (float)cv[l], acc[i][j][l]);
+                                acc[i][j][l] = fmaf(-mw[i][h], sx[q], acc[i][j][l]);
+                            } else {
+                                acc[i][j][l] += dw[i][h] * dx[q] * (float)cv[l] - mw[i][h] * sx[q];
+                            }
                         }
                     }
                 }
