@@ -22,11 +22,11 @@ from engine.cuda.build import NVRTC_OPTIONS, expanded_source  # noqa: E402
 from engine.cuda.weights import upload  # noqa: E402
 from engine.quants import TYPES, GGMLType, random_blocks  # noqa: E402
 
-VARIANTS = [("table, fma, cc x1", {}),
-            ("no table, one expression (before)", dict(MMQK_SCALE_TABLE=0, MMQK_FMA_RESCALE=0)),
-            ("no table, fma", dict(MMQK_SCALE_TABLE=0)),
-            ("table, one expression", dict(MMQK_FMA_RESCALE=0)),
-            ("table, fma, cc x2", dict(MMQK_CC_UNROLL=2))]
+VARIANTS = [("table, fma, cc x2 (defaults)", {}),
+            ("no table, one expression, cc x1 (before)", dict(MMQK_SCALE_TABLE=0, MMQK_FMA_RESCALE=0, MMQK_CC_UNROLL=1)),
+            ("no table, fma, cc x1", dict(MMQK_SCALE_TABLE=0, MMQK_CC_UNROLL=1)),
+            ("table, one expression, cc x1", dict(MMQK_FMA_RESCALE=0, MMQK_CC_UNROLL=1)),
+            ("table, fma, cc x1", dict(MMQK_CC_UNROLL=1))]
 
 
 def build(defines: dict):

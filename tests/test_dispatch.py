@@ -16,8 +16,9 @@ def test_sm90_table():
     small, large = weight(GGMLType.Q4_K, 576, 1536), weight(GGMLType.Q4_K, 4096, 14336)
     for n in (1, 5, 8, 9, 16):
         assert choose_path(small, n, SM90) == "mmvq" and choose_path(large, n, SM90) == "mmvq"
-    for t in (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q6_K):  # split-k MMQ
+    for t in (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q3_K, GGMLType.Q6_K):  # split-k MMQ
         assert [choose_path(weight(t, 4096, 14336), n, SM90) for n in (17, 64, 65, 512)] == ["mmq"] * 2 + ["dequant"] * 2
+    assert [choose_path(large, n, SM90) for n in (17, 128, 129)] == ["mmq", "mmq", "dequant"]    # mmq_q4_K
     for t in (GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.Q2_K, GGMLType.Q5_K, GGMLType.IQ4_XS):  # MMQ slower, or none
         assert choose_path(weight(t, 4096, 14336), 17, SM90) == "dequant"
     assert choose_path(small, 17, SM90) == "mmq" and choose_path(small, 512, SM90) == "dequant"

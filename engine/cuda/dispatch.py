@@ -18,17 +18,17 @@ from .build import QTYPES
 from .weights import GPUWeight
 
 # Per compute capability: the largest column count MMVQ takes, and the largest MMQ takes above that (per type; types
-# not listed take the default). From `scripts/bench_kernels.py --compare --ns 16,32,64,128` at m = 4096, k = 14336 on
-# the H200 (BENCHMARKS.md), kernel us at 16-64 columns, MMQ with split-k against dequantize+cuBLAS: q4_K (mmq_q4_K)
-# 75-78 / 117-121, q4_0 75-77 / 117-121, q5_0 81-83 / 118-122, q8_0 73-77 / 117-121, q3_K 86-87 / 107-109, q6_K
-# 88-90 / 114-116; q4_1, q5_1, q2_K, q5_K 125-137 / 113-128 (dequantize+cuBLAS). From 128 columns on
-# dequantize+cuBLAS wins for every type (q4_K 141 / 122 at 128, 522 / 161 at 512). MMQ multiplies q8_1-rounded
-# activations, as MMVQ does up to 16 columns; dequantize+cuBLAS keeps f16 activations for the long prefill ubatches
-# (where llama.cpp's MMQ costs a KL of 0.0157 from the exact model and this chain 0.00006).
-_MMQ_UP_TO_64 = {int(t): 64 for t in (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q3_K, GGMLType.Q4_K,
-                                      GGMLType.Q6_K)}
+# not listed take the default). From `scripts/bench_kernels.py --compare` at m = 4096, k = 14336 on the H200
+# (BENCHMARKS.md), kernel us at 16-64 columns, MMQ with split-k against dequantize+cuBLAS: q4_K (mmq_q4_K) 58-60 /
+# 117-121, q4_0 75-77 / 117-121, q5_0 81-83 / 118-122, q8_0 73-77 / 117-121, q3_K 86-87 / 107-109, q6_K 87-90 /
+# 114-116; q4_1, q5_1, q2_K, q5_K 125-137 / 113-128 (so dequantize+cuBLAS). At 128 columns only q4_K's MMQ wins
+# (110 / 122; the others 143-165 / 111-124), and at 256 none (q4_K 202 / 131; 382 / 161 at 512). MMQ multiplies
+# q8_1-rounded activations, as MMVQ does up to 16 columns; dequantize+cuBLAS keeps f16 activations for the long
+# prefill ubatches (where llama.cpp's MMQ costs a KL of 0.0157 from the exact model and this chain 0.00006).
+_MMQ_MAX_SM90 = {int(t): 64 for t in (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q3_K, GGMLType.Q6_K)}
+_MMQ_MAX_SM90[int(GGMLType.Q4_K)] = 128
 THRESHOLDS = {
-    (9, 0): {"mmvq_max": {}, "mmvq_default": 16, "mmq_max": _MMQ_UP_TO_64, "mmq_default": 0},
+    (9, 0): {"mmvq_max": {}, "mmvq_default": 16, "mmq_max": _MMQ_MAX_SM90, "mmq_default": 0},
 }
 # Architectures not measured: no MMQ (its tiles take more shared memory per block than sm_86 / sm_89 have, 99 KB).
 OTHER_ARCH = {"mmvq_max": {}, "mmvq_default": 16, "mmq_max": {}, "mmq_default": 0}

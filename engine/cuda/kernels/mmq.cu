@@ -226,8 +226,10 @@ FOR_EACH_QTYPE(INSTANTIATE_MMQ)
 // A stage is one 256-value block: four 32-byte quant groups, group p holding chunk 2p in its low nibbles and 2p+1 in
 // its high ones. The mma operands are plain loads with the k order inside a chunk permuted alike in A and B (as in
 // mmvq_mma_q4_K): lane (g, t) takes quant bytes 8t..8t+7 of a group for rows g and g + 8 of a 16-row tile, and
-// activation bytes 8t..8t+7 of the chunk for column g of an 8-column tile. Each lane decodes its 4 rows' chunk
-// scales from the block headers (k4_chunk_scale) and rescales per chunk: acc += d_w d_x dot - m_w (d_x sum x).
+// activation bytes 8t..8t+7 of the chunk for column g of an 8-column tile. Once a stage has landed the block decodes
+// its 128 rows x 8 chunk scales from the headers into shared memory (k4_chunk_scale; 4 per thread), and each lane
+// rescales per chunk: acc += d_w d_x dot - m_w (d_x sum x), as two fmas. (The kernel is instruction-bound: ncu,
+// BENCHMARKS.md; decoding per lane and chunk cost 1.16x the time.)
 // Launch rule (launch.mmq for Q4_K unless ENGINE_MMQ_Q4K=0): block 256 threads, grid (ceil(m / MMQ_BM),
 // n_pad / MMQ_BN, splits), dynamic shared memory MMQK_SMEM_BYTES, 2 blocks per SM.
 #define MMQK_A_LD 160                    // smem bytes per row of a stage's weights: 144 used; 40 words apart
@@ -244,7 +246,7 @@ FOR_EACH_QTYPE(INSTANTIATE_MMQ)
 #define MMQK_SCALE_TABLE 1                // 1: the stage's 128 x 8 chunk scales decoded once into shared memory
 #endif                                    // (4 per thread); 0: each lane decodes its 4 rows' at every chunk
 #ifndef MMQK_CC_UNROLL
-#define MMQK_CC_UNROLL 1
+#define MMQK_CC_UNROLL 2                  // the two chunks of a quant group unrolled (1: a loop, before)
 #endif
 constexpr int kMmqkCcUnroll = MMQK_CC_UNROLL;
 #ifndef MMQK_FMA_RESCALE
@@ -328,7 +330,7 @@ mmq_q4_K(const u8* __restrict__ w, const signed char* __restrict__ qs, const flo
                 for (int h = 0; h < 2; ++h)
                     wq[i][h] = *(const uint2*)(stage + (wm + 16 * i + g + 8 * h) * MMQK_A_LD + 16 + 32 * p + 8 * t);
 #pragma unroll kMmqkCcUnroll
-            for (int cc = 0; cc < 2; ++cc) {                      // (unrolled: 146 registers; 2 blocks per SM need 128)
+            for (int cc = 0; cc < 2; ++cc) {                      // (unrolled: 128 registers, no spills)
                 const int c = 2 * p + cc;                         // chunk of the block
                 float dw[2][2], mw[2][2];                         // [tile][row g / g + 8], from the headers
 #pragma unroll
