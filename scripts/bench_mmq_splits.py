@@ -28,7 +28,7 @@ for tname in ("q4_K", "q8_0"):
     ws = [upload(t, (M, K), blocks) for _ in range(4)]
     for n in (16, 32, 64, 128, 256, 512):
         x = cp.asarray(rng.standard_normal((n, K)).astype(np.float32))
-        qs, ds = launch.quantize_q8_1(x, (n + 63) // 64 * 64)
+        qs, ds = launch.quantize_q8_1(x, launch.mmq_n_pad(n))
         out = cp.empty((n, M), cp.float32)
         for q4k in ("0", "1") if t == TYPE_NAMES["q4_K"] else ("0",):
             os.environ["ENGINE_MMQ_Q4K"] = q4k

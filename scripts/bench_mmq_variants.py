@@ -45,28 +45,20 @@ def main():
     blocks = random_blocks(t, M * K // TYPES[t].block_size, rng)
     ws = [upload(t, (M, K), blocks) for _ in range(4)]
     ns = [int(v) for v in args.ns.split(",")]
-    acts = {}
-    for n in ns:
-        qs, ds = launch.quantize_q8_1(cp.asarray(rng.standard_normal((n, K)).astype(np.float32)), (n + 63) // 64 * 64)
-        splits, per = launch.mmq_splits(M, qs.shape[0], K, launch._sm_count() * 2)
-        acts[n] = (qs, ds, splits, per)
+    acts = {n: launch.quantize_q8_1(cp.asarray(rng.standard_normal((n, K)).astype(np.float32)), launch.mmq_n_pad(n))
+            for n in ns}
     fns = [(name, build(d)) for name, d in VARIANTS]
+    _, smem, per_sm = launch.mmq_kernel(int(t))
     warm_gpu()
     ref, rows = {}, []
     for name, (fn, ssum) in fns:
-        launch._with_smem(fn, launch.MMQK_SMEM_BYTES)
         row = [name]
         for n in ns:
-            qs, ds, splits, per = acts[n]
-            part = cp.empty((splits, n, M), cp.float32)
+            qs, ds = acts[n]
             y = cp.empty((n, M), cp.float32)
 
-            def call(w, qs=qs, ds=ds, n=n, splits=splits, per=per, part=part, y=y, fn=fn, ssum=ssum):
-                fn((M // launch.MMQ_BM, qs.shape[0] // launch.MMQ_BN, splits), (256,),
-                   (w.data, qs, ds, part if splits > 1 else y, np.int32(M), np.int32(n), np.int32(K),
-                    np.int64(w.row_bytes), np.int32(per)), shared_mem=launch.MMQK_SMEM_BYTES)
-                if splits > 1:
-                    ssum(((n * M + 255) // 256,), (256,), (part, y, np.int32(splits), np.int64(n * M)))
+            def call(w, qs=qs, ds=ds, n=n, y=y, fn=fn, ssum=ssum):
+                launch.mmq_launch(fn, ssum, smem, per_sm, w, qs, ds, n, y)
             call(ws[0])
             out = y.get()
             ref.setdefault(n, out)

@@ -31,7 +31,7 @@ for name in args.types.split(","):
     w = upload(t, (args.m, args.k), random_blocks(t, args.m * args.k // TYPES[t].block_size, rng))
     for n in map(int, args.ns.split(",")):
         x = cp.asarray(rng.standard_normal((n, args.k)).astype(np.float32))
-        qs, ds = launch.quantize_q8_1(x, (n + launch.MMQ_BN - 1) // launch.MMQ_BN * launch.MMQ_BN)
+        qs, ds = launch.quantize_q8_1(x, launch.mmq_n_pad(n))
         for _ in range(2):
             launch.mmq(w, qs, ds, n)
 cp.cuda.runtime.deviceSynchronize()

@@ -114,8 +114,7 @@ def mul_mat(w: GPUWeight, x, path: str | None = None, out=None, acts: Activation
         qs, ds = acts.q8_1(x)
         return launch.mmvq(w, qs, ds, n, out)
     if path == "mmq":
-        n_pad = (n + launch.MMQ_BN - 1) // launch.MMQ_BN * launch.MMQ_BN
-        qs, ds = acts.q8_1(x, n_pad)
+        qs, ds = acts.q8_1(x, launch.mmq_n_pad(n))
         return launch.mmq(w, qs, ds, n, out)
     return launch.gemm_xwt(acts.f16(x), launch.dequantize(w, "f16"), out)      # dequant
 

@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from .build import PIECE_QTYPES, kernel
+from .build import PIECE_QTYPES, QTYPES, kernel
 from .weights import GPUWeight
 
 MMQ_BM, MMQ_BN = 128, 64
@@ -205,27 +205,37 @@ def _sm_count() -> int:
 def mmq_kernel(t: int) -> tuple[str, int, int]:
     """(kernel, dynamic shared memory, blocks per SM it is sized for) of MMQ for type t: mmq_q4_K for Q4_K (unless
     ENGINE_MMQ_Q4K=0), else mmq<t>."""
-    if t == 12 and os.environ.get("ENGINE_MMQ_Q4K", "") != "0":
+    if t == QTYPES["T_Q4_K"] and os.environ.get("ENGINE_MMQ_Q4K", "") != "0":
         return "mmq_q4_K", MMQK_SMEM_BYTES, 2
     return f"mmq<{t}>", MMQ_SMEM_BYTES, 1
 
 
+def mmq_n_pad(n: int) -> int:
+    """The columns MMQ's q8_1 activations are padded to for n columns: a multiple of MMQ_BN."""
+    return (n + MMQ_BN - 1) // MMQ_BN * MMQ_BN
+
+
 def mmq(w: GPUWeight, qs, ds, n: int, out=None):
-    """y [n, m] = x W^T on int8 tensor cores; qs/ds padded to a multiple of MMQ_BN columns."""
+    """y [n, m] = x W^T on int8 tensor cores; qs/ds padded to mmq_n_pad(n) columns."""
+    name, smem, per_sm = mmq_kernel(int(w.type))
+    return mmq_launch(kernel("mmq", name), kernel("mmq", "mmq_split_sum"), smem, per_sm, w, qs, ds, n, out)
+
+
+def mmq_launch(fn, split_sum, smem: int, per_sm: int, w: GPUWeight, qs, ds, n: int, out=None):
+    """mmq's launch rule with the kernels given (fn: an MMQ kernel sized for per_sm blocks per SM with smem bytes of
+    shared memory; split_sum: mmq_split_sum), for benchmarks of kernels built with other settings."""
     cp = _cp()
     n_pad = qs.shape[0]
     assert n_pad % MMQ_BN == 0 and n <= n_pad
     y = out if out is not None else cp.empty((n, w.m), cp.float32)
-    name, smem, per_sm = mmq_kernel(int(w.type))
     splits, per = mmq_splits(w.m, n_pad, w.k, _sm_count() * per_sm)
     part = y if splits == 1 else cp.empty((splits, n, w.m), cp.float32)    # each split's partial y
-    k = _with_smem(kernel("mmq", name), smem)
     grid = ((w.m + MMQ_BM - 1) // MMQ_BM, n_pad // MMQ_BN, splits)
-    k(grid, (256,), (w.data, qs, ds, part, np.int32(w.m), np.int32(n), np.int32(w.k), np.int64(w.row_bytes),
-                     np.int32(per)), shared_mem=smem)
+    _with_smem(fn, smem)(grid, (256,), (w.data, qs, ds, part, np.int32(w.m), np.int32(n), np.int32(w.k),
+                                        np.int64(w.row_bytes), np.int32(per)), shared_mem=smem)
     if splits > 1:
         nm = n * w.m
-        kernel("mmq", "mmq_split_sum")(((nm + 255) // 256,), (256,), (part, y, np.int32(splits), np.int64(nm)))
+        split_sum(((nm + 255) // 256,), (256,), (part, y, np.int32(splits), np.int64(nm)))
     return y
 
 
