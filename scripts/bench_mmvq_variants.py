@@ -27,7 +27,7 @@ from engine.quants import TYPES, random_blocks  # noqa: E402
 # bytes as 2-byte halves (A2_AS_WORDS=0, before; a no-op for the other types); "narrow" = Q4_K's header, Q5_K and
 # IQ4_XS loading in 4-byte or narrower pieces (WIDE_LOADS=0, before; a no-op for the other types);
 # mmvq_pieces (PIECE_QTYPES only): r = MMVQP_ROWS_1 / _N / _HI; mmvq_mma_q4_K (Q4_K only): w = MMVQM_WARPS,
-# p = MMVQM_PAIRS. Earlier sessions' knobs (MMVQ_UNROLL, MMVQ_ROWS_*,
+# p = MMVQM_PAIRS; mmvq_q4_K_pairs (Q4_K only): pipe = MMVQ2_PIPE, r = MMVQ2_ROWS_1 / _N. Earlier sessions' knobs (MMVQ_UNROLL, MMVQ_ROWS_*,
 # MMVQ_MIN_BLOCKS) are still there: their results are in BENCHMARKS.md.
 VARIANTS = [(f"mmvq f{f1}/{fn}", "mmvq", dict(MMVQ_PREFETCH_1=f1, MMVQ_PREFETCH_N=fn))
             for f1, fn in ((0, 1), (0, 0))] + [
@@ -36,13 +36,17 @@ VARIANTS = [(f"mmvq f{f1}/{fn}", "mmvq", dict(MMVQ_PREFETCH_1=f1, MMVQ_PREFETCH_
      dict(zip(("MMVQP_ROWS_1", "MMVQP_ROWS_N", "MMVQP_ROWS_HI"), map(int, r.split("/")))))
     for r in ("1/2/4", "2/2/2")] + [
     (f"mma w{w} p{u}", "mmvq_mma", dict(MMVQM_WARPS=w, MMVQM_PAIRS=u))
-    for w, u in ((16, 2), (8, 2), (8, 4), (16, 1), (16, 4), (32, 1), (32, 2))]
+    for w, u in ((16, 2), (8, 2), (8, 4), (16, 1), (16, 4), (32, 1), (32, 2))] + [
+    (f"pairs r{r1} b{mb}{' pipe' if pipe else ''}", "mmvq_pairs",
+     dict(MMVQ2_ROWS_1=r1, MMVQ2_MIN_BLOCKS_1=mb, MMVQ2_PIPE=pipe))
+    for r1, mb, pipe in ((1, 8, 0), (2, 8, 0), (2, 4, 0), (4, 8, 0), (4, 4, 0), (2, 4, 1))] + [
+    ("mmvq r2", "mmvq", dict(MMVQ_ROWS_1=2))]
 
 
 def applies(kernel: str, type_id: int) -> bool:
     from engine.cuda import launch
     return (kernel == "mmvq" or kernel == "mmvq_pieces" and type_id in launch.PIECE_TYPES
-            or kernel == "mmvq_mma" and type_id in launch.MMA_TYPES)
+            or kernel in ("mmvq_mma", "mmvq_pairs") and type_id in launch.MMA_TYPES)
 
 
 STREAM_READ = r"""
@@ -110,8 +114,10 @@ def build(type_id: int, kernel: str, defines: dict):
     tname = next(k for k, v in QTYPES.items() if v == type_id)
     opts = NVRTC_OPTIONS + tuple(f"-D{k}={v}" for k, v in defines.items()) + (f"-DMMVQ_ONLY_TYPE={tname}",)
     opts += ("-DMMVQ_ONLY_PIECES",) if kernel == "mmvq_pieces" else ()
-    names = [f"mmvq_mma_q4_K<{n}, 0>" if kernel == "mmvq_mma" else f"{kernel}<{type_id}, {n}, 0>"
-             for n in range(1, 9)]
+    opts += ("-DMMVQ_ONLY_PAIRS",) if kernel == "mmvq_pairs" else ()
+    opts += ("-DMMVQ_SKIP_MMA",) if kernel != "mmvq_mma" else ()
+    names = [f"mmvq_mma_q4_K<{n}, 0>" if kernel == "mmvq_mma" else f"mmvq_q4_K_pairs<{n}, 0>"
+             if kernel == "mmvq_pairs" else f"{kernel}<{type_id}, {n}, 0>" for n in range(1, 9)]
     mod = cp.RawModule(code=expanded_source("mmvq"), options=opts, name_expressions=names)
     return {n: mod.get_function(names[n - 1]) for n in range(1, 9)}
 
@@ -120,9 +126,46 @@ def rows_for(kernel: str, defines: dict, n: int) -> int:
     from engine.cuda import launch
     if kernel == "mmvq_mma":
         return 16
+    if kernel == "mmvq_pairs":
+        return defines.get("MMVQ2_ROWS_1", 2) if n == 1 else defines.get("MMVQ2_ROWS_N", 2)
     pre = "MMVQP_ROWS" if kernel == "mmvq_pieces" else "MMVQ_ROWS"
     key = f"{pre}_1" if n == 1 else f"{pre}_N" if n <= 4 else f"{pre}_HI"
     return defines.get(key, launch.mmvqp_rows(n) if kernel == "mmvq_pieces" else launch.mmvq_rows(n))
+
+
+def bench_kslice(settings: str, reps: int):
+    """mmvq_kslice_q4_K (activations in registers, an experiment) at q4_K n = 1 for each "R/U" setting
+    (MMVQK_R rows per block, MMVQK_U rows in flight), against mmvq's output: {setting: (us, max rel err)}."""
+    import cupy as cp
+
+    from engine.cuda import launch
+    from engine.cuda.build import NVRTC_OPTIONS, expanded_source
+    from engine.cuda.weights import upload
+    from engine.quants import GGMLType
+    rng = np.random.default_rng()
+    t = GGMLType.Q4_K
+    blocks = random_blocks(t, M * K // TYPES[t].block_size, rng)
+    ws = [upload(t, (M, K), blocks) for _ in range(8)]
+    qs, ds = launch.quantize_q8_1(cp.asarray(rng.standard_normal((1, K)).astype(np.float32)))
+    ref = launch.mmvq(ws[0], qs, ds, 1).get()
+    res = {}
+    for setting in settings.split(","):
+        r, u = map(int, setting.split("/"))
+        opts = NVRTC_OPTIONS + ("-DMMVQ_ONLY_KSLICE", "-DMMVQ_SKIP_MMA", f"-DMMVQK_R={r}", f"-DMMVQK_U={u}")
+        fn = cp.RawModule(code=expanded_source("mmvq"), options=opts,
+                          name_expressions=["mmvq_kslice_q4_K"]).get_function("mmvq_kslice_q4_K")
+        y = cp.zeros((1, M), cp.float32)
+        slices = (K // 64 + 31) // 32
+
+        def call(w, fn=fn, y=y, r=r):
+            fn(((M + r - 1) // r,), (32 * slices,), (w.data, qs, ds, y, np.int32(M), np.int32(K),
+                                                       np.int64(w.row_bytes)))
+        call(ws[0])
+        err = float(np.abs(y.get() - ref).max() / np.abs(ref).max())
+        time_batched(call, ws, 5)
+        res[setting] = (time_batched(call, ws, reps), err)
+        print(f"kslice R/U {setting}: {res[setting][0]:.1f} us, max rel err vs mmvq {err:.1e}", flush=True)
+    return res
 
 
 def main():
@@ -134,68 +177,84 @@ def main():
     ap.add_argument("--types", default="q4_K,q4_0,q6_K,q8_0,q5_K")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--variants", default="", help="only the variants whose names start with one of these")
+    ap.add_argument("--ns", default="1,2,3,4,5,6,7,8", help="column counts")
+    ap.add_argument("--shapes", default=f"{M}x{K}", help="m x k shapes, e.g. 4096x14336,14336x4096")
+    ap.add_argument("--kslice", default="", help="R/U settings of mmvq_kslice_q4_K to time at n = 1 (then stop)")
     args = ap.parse_args()
+    if args.kslice:
+        warm_gpu()
+        bench_kslice(args.kslice, args.reps)
+        return
     wanted = [v for v in args.variants.split(",") if v]
+    ns = [int(v) for v in args.ns.split(",")]
+    shapes = [tuple(map(int, sh.split("x"))) for sh in args.shapes.split(",")]
     rng = np.random.default_rng()
     warm_gpu()
-    results = []     # (type, variant, n, groups, us)
-    for tname in args.types.split(","):
-        t = TYPE_NAMES[tname]
-        blocks = random_blocks(t, M * K // TYPES[t].block_size, rng)
-        w0 = upload(t, (M, K), blocks)
-        ws = [w0] + [upload(t, (M, K), blocks) for _ in range(max(1, int(np.ceil(200e6 / w0.nbytes)) - 1))]
-        xs = {n: cp.asarray(rng.standard_normal((n, K)).astype(np.float32)) for n in range(1, 9)}
-        q8 = {n: launch.quantize_q8_1(xs[n]) for n in range(1, 9)}
-        ref = {}
-        for vname, kname, defines in VARIANTS:
-            if not applies(kname, int(t)) or wanted and not any(vname.startswith(v) for v in wanted):
-                continue
-            fns = build(int(t), kname, defines)
-            for n in range(1, 9):
-                qs, ds = q8[n]
-                mma = kname == "mmvq_mma"
-                threads = 32 * defines["MMVQM_WARPS"] if mma else launch.MMVQ_THREADS
-                for groups in (1,) if mma else (1, 2, 4):
-                    out = cp.zeros((n, M), cp.float32)
-                    rows = rows_for(kname, defines, n)
-                    grid = ((M + groups * rows - 1) // (groups * rows),)
+    results = []     # (shape, type, variant, n, groups, us, err)
+    for m, k in shapes:
+        for tname in args.types.split(","):
+            t = TYPE_NAMES[tname]
+            blocks = random_blocks(t, m * k // TYPES[t].block_size, rng)
+            w0 = upload(t, (m, k), blocks)
+            ws = [w0] + [upload(t, (m, k), blocks) for _ in range(max(1, int(np.ceil(200e6 / w0.nbytes)) - 1))]
+            q8 = {n: launch.quantize_q8_1(cp.asarray(rng.standard_normal((n, k)).astype(np.float32))) for n in ns}
+            ref = {}
+            for vname, kname, defines in VARIANTS:
+                if not applies(kname, int(t)) or wanted and not any(vname.startswith(v) for v in wanted):
+                    continue
+                fns = build(int(t), kname, defines)
+                warm_gpu(0.5)                                # the clocks fall while NVRTC compiles
+                for n in ns:
+                    qs, ds = q8[n]
+                    mma = kname == "mmvq_mma"
+                    threads = 32 * defines["MMVQM_WARPS"] if mma else launch.MMVQ_THREADS
+                    for groups in (1,) if mma else (1, 2, 4):
+                        out = cp.zeros((n, m), cp.float32)
+                        rows = rows_for(kname, defines, n)
+                        grid = ((m + groups * rows - 1) // (groups * rows),)
 
-                    def call(wi, fn=fns[n], grid=grid, out=out, qs=qs, ds=ds, n=n, groups=groups, threads=threads):
-                        fn(grid, (threads,), launch.mmvq_args([wi], qs, ds, [out], groups))
-                    call(w0)
-                    y = out.get()
-                    if n not in ref:
-                        ref[n] = y
-                    err = float(np.abs(y - ref[n]).max() / np.abs(ref[n]).max())
-                    time_batched(call, ws, 5)                # warm-up (clocks after the uploads / a new build)
-                    us = time_batched(call, ws, args.reps)
-                    results.append((tname, vname, n, groups, us, err))
-        del ws, w0
-        cp.get_default_memory_pool().free_all_blocks()
+                        def call(wi, fn=fns[n], grid=grid, out=out, qs=qs, ds=ds, groups=groups, threads=threads):
+                            fn(grid, (threads,), launch.mmvq_args([wi], qs, ds, [out], groups))
+                        call(w0)
+                        y = out.get()
+                        if n not in ref:
+                            ref[n] = y
+                        err = float(np.abs(y - ref[n]).max() / np.abs(ref[n]).max())
+                        time_batched(call, ws, 5)            # warm-up
+                        us = time_batched(call, ws, args.reps)
+                        results.append(((m, k), tname, vname, n, groups, us, err))
+            del ws, w0
+            cp.get_default_memory_pool().free_all_blocks()
 
-    for tname in args.types.split(","):
-        info = TYPES[TYPE_NAMES[tname]]
-        us, gbs = read_ceiling(M * K // info.block_size * info.type_size, args.reps)
-        print(f"plain streaming read of the {tname} weights' size: {us:.1f} us, {gbs:.0f} GB/s")
-        row_bytes = K // info.block_size * info.type_size
-        if row_bytes % 16 == 0:
-            rr = row_read(M, row_bytes, args.reps)
-            print("  read row by row (tpr threads per row, as MMVQ walks it): " +
-                  ", ".join(f"tpr {t}: {us:.1f} us" for t, us in rr.items()))
-    print(f"\nm = {M}, k = {K}; kernel us, best of groups 1/2/4 (the group count in brackets); medians of {args.reps}")
-    for tname in args.types.split(","):
-        nbytes = M * K // TYPES[TYPE_NAMES[tname]].block_size * TYPES[TYPE_NAMES[tname]].type_size
-        print(f"\n{tname}: weights {nbytes / 1e6:.1f} MB")
-        print("| variant | " + " | ".join(f"n={n}" for n in range(1, 9)) + " | n=1 GB/s | n=8 / n=1 | max rel err |")
-        print("| --- " * 12 + "|")
-        for vname, _, _ in VARIANTS:
-            rs = [r for r in results if r[0] == tname and r[1] == vname]
-            if not rs:
-                continue
-            best = {n: min((r for r in rs if r[2] == n), key=lambda r: r[4]) for n in range(1, 9)}
-            err = max(r[5] for r in rs)
-            print(f"| {vname} | " + " | ".join(f"{best[n][4]:.1f} ({best[n][3]})" for n in range(1, 9)) +
-                  f" | {nbytes / (best[1][4] * 1e-6) / 1e9:.0f} | {best[8][4] / best[1][4]:.2f} | {err:.1e} |")
+    if (M, K) in shapes:
+        for tname in args.types.split(","):
+            info = TYPES[TYPE_NAMES[tname]]
+            us, gbs = read_ceiling(M * K // info.block_size * info.type_size, args.reps)
+            print(f"plain streaming read of the {tname} weights' size: {us:.1f} us, {gbs:.0f} GB/s")
+            row_bytes = K // info.block_size * info.type_size
+            if row_bytes % 16 == 0:
+                rr = row_read(M, row_bytes, args.reps)
+                print("  read row by row (tpr threads per row, as MMVQ walks it): " +
+                      ", ".join(f"tpr {t}: {us:.1f} us" for t, us in rr.items()))
+    for m, k in shapes:
+        print(f"\nm = {m}, k = {k}; kernel us, best of groups 1/2/4 (the group count in brackets; all three at the "
+              f"first n in the last column); medians of {args.reps}")
+        for tname in args.types.split(","):
+            nbytes = m * k // TYPES[TYPE_NAMES[tname]].block_size * TYPES[TYPE_NAMES[tname]].type_size
+            print(f"\n{tname}: weights {nbytes / 1e6:.1f} MB")
+            print("| variant | " + " | ".join(f"n={n}" for n in ns) + f" | n={ns[0]} GB/s | n={ns[-1]} / n={ns[0]} |"
+                  f" max rel err | n={ns[0]} by groups |")
+            print("| --- " * (len(ns) + 5) + "|")
+            for vname, _, _ in VARIANTS:
+                rs = [r for r in results if r[0] == (m, k) and r[1] == tname and r[2] == vname]
+                if not rs:
+                    continue
+                best = {n: min((r for r in rs if r[3] == n), key=lambda r: r[5]) for n in ns}
+                err = max(r[6] for r in rs)
+                by_groups = " / ".join(f"{r[5]:.1f}" for r in rs if r[3] == ns[0])
+                print(f"| {vname} | " + " | ".join(f"{best[n][5]:.1f} ({best[n][4]})" for n in ns) +
+                      f" | {nbytes / (best[ns[0]][5] * 1e-6) / 1e9:.0f} | {best[ns[-1]][5] / best[ns[0]][5]:.2f} |"
+                      f" {err:.1e} | {by_groups} |")
 
 
 if __name__ == "__main__":

@@ -143,19 +143,22 @@ def test_mul_mat_float(t):
             assert nmse(y, ref) <= 1e-6, (m, k, n, nmse(y, ref))
 
 
-@pytest.mark.parametrize("kernel", ["mma", "pieces", "mmvq"])
+@pytest.mark.parametrize("kernel", ["mma", "pieces", "pairs", "mmvq"])
 def test_q4_K_mmvq_kernels_every_ncols(monkeypatch, kernel):
-    """Q4_K through each of its MMVQ kernels (ENGINE_MMVQ_MMA / ENGINE_MMVQ_PIECES) at every column count (9..16:
-    the tensor-core kernel in one launch, the others in two), plain and with the GLU epilogue, against numpy."""
+    """Q4_K through each of its MMVQ kernels (ENGINE_MMVQ_MMA / ENGINE_MMVQ_PIECES / ENGINE_MMVQ_PAIRS) at every
+    column count it takes (9..16: the tensor-core kernel in one launch, the others in two), plain, three matrices in
+    one launch and with the GLU epilogue, against numpy."""
     import cupy as cp
-    from engine.cuda import dispatch
+    from engine.cuda import dispatch, launch
     monkeypatch.setenv("ENGINE_MMVQ_MMA", "all" if kernel == "mma" else "0")
     monkeypatch.setenv("ENGINE_MMVQ_PIECES", "all" if kernel == "pieces" else "0")
+    monkeypatch.setenv("ENGINE_MMVQ_PAIRS", "1" if kernel == "pairs" else "0")
+    ncols = range(1, launch.PAIRS_MAX_COLS + 1) if kernel == "pairs" else range(1, 17)
     rng = np.random.default_rng()
     for m, k in shapes(GGMLType.Q4_K) + [(37, 8192)]:          # k = 8192: one group of 128 threads per row
         (w, rw), (wk, rk), (wv, rv), (wu, ru) = (random_weight(GGMLType.Q4_K, rows, k, rng)
                                                  for rows in (m, m // 2 + 3, 21, m))
-        for n in range(1, 17):
+        for n in ncols:
             x = rng.standard_normal((n, k)).astype(np.float32)
             _, xq = q8_1_ref(x)
             out = cp.full((n, m), cp.nan, cp.float32)

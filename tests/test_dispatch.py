@@ -54,12 +54,20 @@ def test_activation_forms_follow_the_last_array():
 
 
 def test_mmvq_kernel_choice(monkeypatch):
-    """Q4_K takes mmvq_pieces at 5-8 columns and mmvq below; ENGINE_MMVQ_PIECES / ENGINE_MMVQ_MMA force a kernel."""
+    """Q4_K takes mmvq_q4_K_pairs at 1-2 columns, mmvq at 3-4 and mmvq_pieces at 5-8; ENGINE_MMVQ_PAIRS /
+    ENGINE_MMVQ_PIECES / ENGINE_MMVQ_MMA choose a kernel."""
     from engine.cuda.launch import mmvq_choice
     q4k, q6k = int(GGMLType.Q4_K), int(GGMLType.Q6_K)
     monkeypatch.delenv("ENGINE_MMVQ_PIECES", raising=False)
     monkeypatch.delenv("ENGINE_MMVQ_MMA", raising=False)
-    assert [mmvq_choice(q4k, n, 0)[0].split("<")[0] for n in range(1, 9)] == ["mmvq"] * 4 + ["mmvq_pieces"] * 4
+    monkeypatch.delenv("ENGINE_MMVQ_PAIRS", raising=False)
+    assert [mmvq_choice(q4k, n, 0)[0].split("<")[0] for n in range(1, 9)] == (
+        ["mmvq_q4_K_pairs"] * 2 + ["mmvq"] * 2 + ["mmvq_pieces"] * 4)
+    assert mmvq_choice(q4k, 1, 0)[:2] == ("mmvq_q4_K_pairs<1, 0>", 2)     # two rows per group
+    assert mmvq_choice(q4k, 1, 1)[:2] == ("mmvq_q4_K_pairs<1, 1>", 1)     # GLU: a gate row and an up row
+    monkeypatch.setenv("ENGINE_MMVQ_PAIRS", "0")
+    assert mmvq_choice(q4k, 1, 0)[0] == "mmvq<12, 1, 0>"
+    monkeypatch.delenv("ENGINE_MMVQ_PAIRS")
     assert all(mmvq_choice(q6k, n, 0)[0].startswith("mmvq<") for n in range(1, 9))
     assert mmvq_choice(q4k, 8, 1)[:2] == ("mmvq_pieces<12, 8, 1>", 2)       # GLU: half the rows of the group
     monkeypatch.setenv("ENGINE_MMVQ_PIECES", "0")

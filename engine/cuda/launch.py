@@ -30,6 +30,15 @@ PIECE_TYPES = frozenset(PIECE_QTYPES.values())      # served by mmvq_pieces ...
 PIECES_MIN_COLS = 5                                 # ... from this many columns (mmvq is faster below)
 
 
+PAIRS_TYPES = frozenset({12})                        # Q4_K: served by mmvq_q4_K_pairs ...
+PAIRS_MAX_COLS = 2                                  # ... at up to this many columns
+
+
+def mmvq2_rows(ncols: int) -> int:
+    """Rows each mmvq_q4_K_pairs thread group serves (kernels/mmvq.cu mmvq2_rows, default MMVQ2_ROWS_*)."""
+    return 2
+
+
 MMA_TYPES = frozenset({12})                          # Q4_K: served by mmvq_mma_q4_K ...
 MMA_MIN_COLS = 9                                    # ... from this many columns (slower than the others at 1..8)
 MMVQM_WARPS = 16                                    # kernels/mmvq.cu: warps per mmvq_mma_q4_K block
@@ -47,6 +56,11 @@ def _use_pieces(t: int, n: int) -> bool:
     """ENGINE_MMVQ_PIECES: unset = PIECE_TYPES at >= PIECES_MIN_COLS columns, 'all' = at every n, '0' = never."""
     mode = os.environ.get("ENGINE_MMVQ_PIECES", "")
     return t in PIECE_TYPES and mode != "0" and (n >= PIECES_MIN_COLS or mode == "all")
+
+
+def _use_pairs(t: int, n: int) -> bool:
+    """ENGINE_MMVQ_PAIRS: unset = PAIRS_TYPES at <= PAIRS_MAX_COLS columns, '0' = never."""
+    return t in PAIRS_TYPES and n <= PAIRS_MAX_COLS and os.environ.get("ENGINE_MMVQ_PAIRS", "") != "0"
 
 
 def _cp():
@@ -92,6 +106,11 @@ def _mmvqp_groups(t: int, m: int, k: int) -> int:
     return 4 if m >= 8192 else 2 if m >= 4096 else 1
 
 
+def _mmvq2_groups(t: int, m: int, k: int) -> int:
+    """Row groups per 128-thread mmvq_q4_K_pairs block: one warp per row group."""
+    return 4
+
+
 def _one_group(t: int, m: int, k: int) -> int:
     return 1
 
@@ -103,6 +122,8 @@ def mmvq_choice(t: int, n: int, glu: int) -> tuple:
         return f"mmvq_mma_q4_K<{n}, {glu}>", 16, _one_group, 32 * MMVQM_WARPS
     if _use_pieces(t, n):
         return f"mmvq_pieces<{t}, {n}, {glu}>", mmvqp_rows(n, glu), _mmvqp_groups, MMVQ_THREADS
+    if _use_pairs(t, n):
+        return f"mmvq_q4_K_pairs<{n}, {glu}>", 1 if glu else mmvq2_rows(n), _mmvq2_groups, MMVQ_THREADS
     return f"mmvq<{t}, {n}, {glu}>", 1 if glu else mmvq_rows(n), _mmvq_groups, MMVQ_THREADS
 
 

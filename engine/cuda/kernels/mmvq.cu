@@ -300,6 +300,217 @@ mmvq_pieces(MMVQ_PARAMS) {
     reduce_store<NR, OUT_ROWS, NCOLS, GLU>(acc, partial, groups, b, m, y);
 }
 
+// ---- MMVQ over Q4_K quant-group pairs (mmvq_q4_K_pairs): same arguments, matrices, GLU and output as mmvq. A lane
+// takes a whole 32-byte quant group of a block (a "pair": chunk 2i in its low nibbles, 2i + 1 in its high ones, 64
+// values) where mmvq's lane takes one chunk and loads the group's 32 bytes for half of them: per 64 values one
+// header load and decode and two quant loads (mmvq: two, two and four), and a warp's iteration covers 8 blocks
+// (1,152 bytes of one row) where mmvq's covers 4. Registers are held to what 8 blocks of 128 threads per SM allow
+// at one column (64), so that a launch over 4096 rows is one wave (the chunk-batching attempt of the sixth session
+// took 72 and two waves). MMVQ2_PIPE = 1: a lane's next pair's weight loads are issued before this pair's arithmetic.
+// Launch rule: as mmvq's (block 128 threads in groups of 128/groups threads, each group mmvq2_rows(NCOLS) rows; grid
+// ceil(m / (groups * rows)) summed over the matrices; GLU: one output row per group).
+#ifndef MMVQ2_ROWS_1
+#define MMVQ2_ROWS_1 2
+#endif
+#ifndef MMVQ2_ROWS_N
+#define MMVQ2_ROWS_N 2
+#endif
+#ifndef MMVQ2_PIPE
+#define MMVQ2_PIPE 0
+#endif
+#ifndef MMVQ2_MIN_BLOCKS_1
+#define MMVQ2_MIN_BLOCKS_1 8
+#endif
+__host__ __device__ constexpr int mmvq2_rows(int ncols) { return ncols == 1 ? MMVQ2_ROWS_1 : MMVQ2_ROWS_N; }
+
+// Chunks 2i and 2i + 1's (d * sc, dmin * m) from a Q4_K header hd (d|dmin, 12 scale bytes) for pair i = 0..3 of the
+// block: both chunks' 6-bit scales and mins taken as two bytes at once.
+__device__ __forceinline__ void k4_pair_scales(const uint4& hd, int i, float (&d)[2], float (&m)[2]) {
+    const u32 sh = 16u * (i & 1);
+    const u32 s0 = hd.y >> sh, s1 = hd.z >> sh, s2 = hd.w >> sh;
+    const u32 sc = i < 2 ? s0 & 0x3F3Fu : (s2 & 0x0F0Fu) | ((s0 >> 2) & 0x3030u);
+    const u32 mn = i < 2 ? s1 & 0x3F3Fu : ((s2 >> 4) & 0x0F0Fu) | ((s1 >> 2) & 0x3030u);
+    const float dall = h2f((u16)hd.x), dmin = h2f((u16)(hd.x >> 16));
+    d[0] = dall * (float)(sc & 0xFF); d[1] = dall * (float)((sc >> 8) & 0xFF);
+    m[0] = dmin * (float)(mn & 0xFF); m[1] = dmin * (float)((mn >> 8) & 0xFF);
+}
+
+struct Q4KPair { uint4 hd, q0, q1; };                    // a pair's block header and its 32 quant bytes
+__device__ __forceinline__ Q4KPair q4k_pair_load(const u8* row, int p) {
+    const u8* b = row + (p >> 2) * 144;
+    const uint4* q = (const uint4*)(b + 16 + 32 * (p & 3));
+    return {*(const uint4*)b, q[0], q[1]};
+}
+
+template <int NCOLS, int GLU>
+__global__ void __launch_bounds__(MMVQ_THREADS, NCOLS == 1 ? MMVQ2_MIN_BLOCKS_1 : MMVQ_MIN_BLOCKS)
+mmvq_q4_K_pairs(MMVQ_PARAMS) {
+    constexpr int NR = GLU ? 2 : mmvq2_rows(NCOLS);              // rows dotted per group (GLU: gate and up row)
+    constexpr int OUT_ROWS = GLU ? 1 : NR;
+    __shared__ float partial[NR][NCOLS][MMVQ_THREADS / 32];
+    const int tpg = MMVQ_THREADS / groups;
+    const auto [lane, b, m, row0, w, y] = mmvq_group<OUT_ROWS, GLU>(w0, w1, w2, y0, y1, y2, m0, m1, m2, groups);
+    const u8* wr[NR];                                 // rows past m read row m-1; their sums are not written
+#pragma unroll
+    for (int r = 0; r < NR; ++r)
+        wr[r] = GLU ? (r == 0 ? w0 : w1) + (long long)row0 * row_bytes
+                    : w + (long long)min(row0 + r, m - 1) * row_bytes;
+    float acc[NR][NCOLS];
+#pragma unroll
+    for (int r = 0; r < NR; ++r)
+#pragma unroll
+        for (int j = 0; j < NCOLS; ++j) acc[r][j] = 0.f;
+    const int pairs = k >> 6;
+    Q4KPair next[NR];
+    if (MMVQ2_PIPE && row0 < m && lane < pairs)
+#pragma unroll
+        for (int r = 0; r < NR; ++r) next[r] = q4k_pair_load(wr[r], lane);
+    if (row0 < m) {
+        for (int p = lane; p < pairs; p += tpg) {
+            Q4KPair cur[NR];
+#pragma unroll
+            for (int r = 0; r < NR; ++r) {
+                if (MMVQ2_PIPE) {
+                    cur[r] = next[r];
+                    if (p + tpg < pairs) next[r] = q4k_pair_load(wr[r], p + tpg);
+                } else {
+                    cur[r] = q4k_pair_load(wr[r], p);
+                }
+            }
+            int4 a[NCOLS][4];                                      // the pair's 64 activations of each column
+            float4 sa[NCOLS][2];                                   // per chunk (d, d * sum16, d, d * sum16)
+#pragma unroll
+            for (int j = 0; j < NCOLS; ++j) {
+                const int4* ap = (const int4*)(qs + (long long)j * k + 64 * p);
+                const float4* sp = (const float4*)(ds + (long long)j * (k >> 4) + 4 * p);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) a[j][e] = ap[e];
+                sa[j][0] = sp[0];
+                sa[j][1] = sp[1];
+            }
+#pragma unroll
+            for (int r = 0; r < NR; ++r) {
+                float d[2], mn[2];
+                k4_pair_scales(cur[r].hd, p & 3, d, mn);
+                const u32 q[8] = {cur[r].q0.x, cur[r].q0.y, cur[r].q0.z, cur[r].q0.w,
+                                  cur[r].q1.x, cur[r].q1.y, cur[r].q1.z, cur[r].q1.w};
+                int lo[8], hi[8];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    lo[e] = (int)(q[e] & 0x0F0F0F0Fu);
+                    hi[e] = (int)((q[e] >> 4) & 0x0F0F0F0Fu);
+                }
+#pragma unroll
+                for (int j = 0; j < NCOLS; ++j) {
+                    int s0 = dp4a(lo[0], a[j][0].x, 0); s0 = dp4a(lo[1], a[j][0].y, s0);
+                    s0 = dp4a(lo[2], a[j][0].z, s0); s0 = dp4a(lo[3], a[j][0].w, s0);
+                    s0 = dp4a(lo[4], a[j][1].x, s0); s0 = dp4a(lo[5], a[j][1].y, s0);
+                    s0 = dp4a(lo[6], a[j][1].z, s0); s0 = dp4a(lo[7], a[j][1].w, s0);
+                    int s1 = dp4a(hi[0], a[j][2].x, 0); s1 = dp4a(hi[1], a[j][2].y, s1);
+                    s1 = dp4a(hi[2], a[j][2].z, s1); s1 = dp4a(hi[3], a[j][2].w, s1);
+                    s1 = dp4a(hi[4], a[j][3].x, s1); s1 = dp4a(hi[5], a[j][3].y, s1);
+                    s1 = dp4a(hi[6], a[j][3].z, s1); s1 = dp4a(hi[7], a[j][3].w, s1);
+                    float t = acc[r][j];
+                    t = fmaf(d[0] * sa[j][0].x, (float)s0, t);
+                    t = fmaf(-mn[0], sa[j][0].y + sa[j][0].w, t);
+                    t = fmaf(d[1] * sa[j][1].x, (float)s1, t);
+                    t = fmaf(-mn[1], sa[j][1].y + sa[j][1].w, t);
+                    acc[r][j] = t;
+                }
+            }
+        }
+    }
+    reduce_store<NR, OUT_ROWS, NCOLS, GLU>(acc, partial, groups, b, m, y);
+}
+
+// ---- MMVQ with the activations held in registers (mmvq_kslice_q4_K, one column; an experiment): k is cut into
+// slices of 32 quant-group pairs (2048 values); warp w of a block holds slice w's activations in registers (lane l:
+// pair l of the slice, 64 values) and streams MMVQK_R rows of the block through them, MMVQK_U rows' weight loads
+// (header + 32 quant bytes per lane) in flight at a time, so the activations are read once per MMVQK_R rows (mmvq:
+// once per row). The lanes' sums of the R rows are reduced across the warp by halving exchanges (one shuffle per
+// row), the slices' sums through shared memory in slice order (deterministic).
+// Launch rule: block 32 * slices threads (slices = ceil(k / 2048) <= 32), grid ceil(m / MMVQK_R).
+#ifdef MMVQ_ONLY_KSLICE
+#ifndef MMVQK_R
+#define MMVQK_R 16
+#endif
+#ifndef MMVQK_U
+#define MMVQK_U 4
+#endif
+__global__ void __launch_bounds__(512)
+mmvq_kslice_q4_K(const u8* __restrict__ w, const signed char* __restrict__ qs, const float2* __restrict__ ds,
+                 float* __restrict__ y, int m, int k, long long row_bytes) {
+    static_assert(MMVQK_R == 8 || MMVQK_R == 16 || MMVQK_R == 32, "R rows reduced over 32 lanes by halving");
+    static_assert(MMVQK_R % MMVQK_U == 0, "rows in batches of U");
+    __shared__ float partial[32][MMVQK_R];                        // [slice][row]
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slices = blockDim.x >> 5;
+    const int p = warp * 32 + lane, pairs = k >> 6;              // this lane's pair of each row
+    const bool live = p < pairs;
+    const int row0 = blockIdx.x * MMVQK_R;
+    int4 a[4] = {};                                               // the pair's 64 activations
+    float dx[2] = {0.f, 0.f}, sx[2] = {0.f, 0.f};                 // per chunk: d_x, d_x * sum x
+    if (live) {
+        const int4* ap = (const int4*)(qs + 64 * p);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[e] = ap[e];
+        const float4* sp = (const float4*)(ds + 4 * p);
+        const float4 s0 = sp[0], s1 = sp[1];
+        dx[0] = s0.x; sx[0] = s0.y + s0.w; dx[1] = s1.x; sx[1] = s1.y + s1.w;
+    }
+    float acc[MMVQK_R];
+#pragma unroll
+    for (int b = 0; b < MMVQK_R; b += MMVQK_U) {
+        Q4KPair wq[MMVQK_U];
+#pragma unroll
+        for (int u = 0; u < MMVQK_U; ++u)
+            if (live) wq[u] = q4k_pair_load(w + (long long)min(row0 + b + u, m - 1) * row_bytes, p);
+#pragma unroll
+        for (int u = 0; u < MMVQK_U; ++u) {
+            float t = 0.f;
+            if (live) {
+                float d[2], mn[2];
+                k4_pair_scales(wq[u].hd, p & 3, d, mn);
+                const u32 q[8] = {wq[u].q0.x, wq[u].q0.y, wq[u].q0.z, wq[u].q0.w,
+                                  wq[u].q1.x, wq[u].q1.y, wq[u].q1.z, wq[u].q1.w};
+                const int av[16] = {a[0].x, a[0].y, a[0].z, a[0].w, a[1].x, a[1].y, a[1].z, a[1].w,
+                                    a[2].x, a[2].y, a[2].z, a[2].w, a[3].x, a[3].y, a[3].z, a[3].w};
+                int s0 = 0, s1 = 0;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    s0 = dp4a((int)(q[e] & 0x0F0F0F0Fu), av[e], s0);
+                    s1 = dp4a((int)((q[e] >> 4) & 0x0F0F0F0Fu), av[8 + e], s1);
+                }
+                t = fmaf(d[0] * dx[0], (float)s0, -mn[0] * sx[0]);
+                t = fmaf(d[1] * dx[1], (float)s1, t);
+                t = fmaf(-mn[1], sx[1], t);
+            }
+            acc[b + u] = t;
+        }
+    }
+    // halving exchanges: after the step with width h, lane l holds rows whose index has bit pattern of l's bits
+#pragma unroll
+    for (int h = MMVQK_R / 2; h >= 1; h >>= 1) {
+        const bool upper = lane & h;                              // keeps rows [h, 2h) of each 2h-row group
+#pragma unroll
+        for (int r = 0; r < h; ++r) {
+            const float send = upper ? acc[r] : acc[r + h], keep = upper ? acc[r + h] : acc[r];
+            acc[r] = keep + __shfl_xor_sync(0xffffffffu, send, h);
+        }
+    }
+    // now lane l holds row (l mod R) summed over the lanes l' with l' = l mod R: finish over the 32 / R copies
+    float v = acc[0];
+#pragma unroll
+    for (int o = MMVQK_R; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane < MMVQK_R) partial[warp][lane] = v;
+    __syncthreads();
+    if (threadIdx.x < MMVQK_R && row0 + threadIdx.x < m) {
+        float s = 0.f;
+        for (int q = 0; q < slices; ++q) s += partial[q][threadIdx.x];
+        y[row0 + threadIdx.x] = s;
+    }
+}
+#endif
+
 // ---- MMVQ on the int8 tensor cores, for Q4_K (mmvq_mma_q4_K): same arguments, matrices, GLU and output as mmvq
 // (groups unused), 1..16 columns. A block of MMVQM_WARPS warps computes one 16-row tile of y^T for all NCOLS columns
 // (one or two 8-column B tiles sharing each A fragment).
@@ -461,17 +672,26 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
     INSTANTIATE_MMVQP_N(T, 8)
 #define INSTANTIATE_MMVQM_G(N, G) template __global__ void mmvq_mma_q4_K<N, G>(MMVQ_PARAM_TYPES);
 #define INSTANTIATE_MMVQM_N(N) INSTANTIATE_MMVQM_G(N, 0) INSTANTIATE_MMVQM_G(N, 1) INSTANTIATE_MMVQM_G(N, 2)
+#ifndef MMVQ_SKIP_MMA                                 // (a benchmark's variant build of another kernel)
 INSTANTIATE_MMVQM_N(1) INSTANTIATE_MMVQM_N(2) INSTANTIATE_MMVQM_N(3) INSTANTIATE_MMVQM_N(4)
 INSTANTIATE_MMVQM_N(5) INSTANTIATE_MMVQM_N(6) INSTANTIATE_MMVQM_N(7) INSTANTIATE_MMVQM_N(8)
 INSTANTIATE_MMVQM_N(9) INSTANTIATE_MMVQM_N(10) INSTANTIATE_MMVQM_N(11) INSTANTIATE_MMVQM_N(12)
 INSTANTIATE_MMVQM_N(13) INSTANTIATE_MMVQM_N(14) INSTANTIATE_MMVQM_N(15) INSTANTIATE_MMVQM_N(16)
+#endif
 #define FOR_EACH_PIECE_QTYPE(X) X(T_Q4_K)        // the types with a piece<T> (build.py PIECE_QTYPES)
-#ifdef MMVQ_ONLY_TYPE                                 // a benchmark's variant build: one type
+#if defined(MMVQ_ONLY_PAIRS)                          // a benchmark's variant build of mmvq_q4_K_pairs alone
+#define INSTANTIATE_MMVQ2_N(N) template __global__ void mmvq_q4_K_pairs<N, 0>(MMVQ_PARAM_TYPES);
+INSTANTIATE_MMVQ2_N(1) INSTANTIATE_MMVQ2_N(2) INSTANTIATE_MMVQ2_N(3) INSTANTIATE_MMVQ2_N(4)
+INSTANTIATE_MMVQ2_N(5) INSTANTIATE_MMVQ2_N(6) INSTANTIATE_MMVQ2_N(7) INSTANTIATE_MMVQ2_N(8)
+#elif defined(MMVQ_ONLY_TYPE)                         // a benchmark's variant build: one type
 INSTANTIATE_MMVQ(MMVQ_ONLY_TYPE)
 #ifdef MMVQ_ONLY_PIECES
 INSTANTIATE_MMVQP(MMVQ_ONLY_TYPE)
 #endif
-#else
+#elif !defined(MMVQ_ONLY_KSLICE)
 FOR_EACH_QTYPE(INSTANTIATE_MMVQ)
 FOR_EACH_PIECE_QTYPE(INSTANTIATE_MMVQP)
+#define INSTANTIATE_MMVQ2_G(N, G) template __global__ void mmvq_q4_K_pairs<N, G>(MMVQ_PARAM_TYPES);
+INSTANTIATE_MMVQ2_G(1, 0) INSTANTIATE_MMVQ2_G(1, 1) INSTANTIATE_MMVQ2_G(1, 2)   // launch.PAIRS_MAX_COLS = 2
+INSTANTIATE_MMVQ2_G(2, 0) INSTANTIATE_MMVQ2_G(2, 1) INSTANTIATE_MMVQ2_G(2, 2)
 #endif
