@@ -76,6 +76,28 @@ def time_batched(fn, ws, reps, batch=10):
     return time_call(lambda i: [fn(ws[(i * batch + b) % len(ws)]) for b in range(batch)], reps) / batch
 
 
+def time_graph(call, ws, reps: int, per: int = 20) -> float:
+    """us per call: call(w) for `per` weights in turn captured as one CUDA graph, median of reps replays / per."""
+    import cupy as cp
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        call(ws[0])                                   # loads the kernel outside the capture
+        stream.synchronize()
+        stream.begin_capture()
+        for i in range(per):
+            call(ws[i % len(ws)])
+        graph = stream.end_capture()
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for i in range(reps + 3):
+        start.record(stream)
+        graph.launch(stream=stream)
+        stop.record(stream)
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop) * 1000.0 / per)
+    return float(np.median(times[3:]))
+
+
 def warm_gpu(seconds: float = 1.0):
     """Keep the GPU busy copying for a while so its clocks are up before timing (an idle H200 sat at 345 MHz, and a
     variants run started right after measured every kernel ~20 % slow)."""
@@ -111,6 +133,9 @@ def main():
     ap.add_argument("--types", default=",".join(DEFAULT_TYPES))
     ap.add_argument("--compare", action="store_true")
     ap.add_argument("--ns", default="", help="column counts (default: the issue's)")
+    ap.add_argument("--graph", action="store_true",
+                    help="MMVQ kernel times from a CUDA graph of 20 launches (no host time between launches, which "
+                         "10 back-to-back launches from Python leave where a kernel is shorter than its launch)")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, "
@@ -136,7 +161,8 @@ def main():
             out = cp.empty((n, M), cp.float32)
             for path in paths:
                 call_us = time_call(lambda i: mul_mat(ws[i % len(ws)], x, path=path), args.reps)
-                us = time_batched(kernel_only(path, w0, x, out), ws, args.reps)
+                timer = time_graph if args.graph and path == "mmvq" else time_batched
+                us = timer(kernel_only(path, w0, x, out), ws, args.reps)
                 rows.append((name, n, path, call_us, us, w0.nbytes / (us * 1e-6) / 1e9,
                              2 * M * n * K / (us * 1e-6) / 1e12))
         del ws, w0

@@ -19,7 +19,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_kernels import TYPE_NAMES  # noqa: E402
+from bench_kernels import TYPE_NAMES, time_graph  # noqa: E402
 
 from engine.quants import TYPES, random_blocks  # noqa: E402
 
@@ -28,28 +28,6 @@ SHAPES = [("q4_K", 4096, 4096), ("q4_K", 1024, 4096), ("q4_K", 14336, 4096), ("q
           ("q6_K", 4096, 14336), ("q6_K", 1024, 4096),
           ("q4_K", 2048, 2048), ("q4_K", 512, 2048), ("q4_K", 8192, 2048), ("q4_K", 2048, 8192),
           ("q4_1", 576, 576), ("q4_1", 1536, 576), ("q4_1", 576, 1536)]
-
-
-def time_graph(call, ws, reps: int, per: int = 20) -> float:
-    """us per call: call(w) for `per` weights in turn captured as one CUDA graph, median of reps replays / per."""
-    import cupy as cp
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        call(ws[0])                                   # loads the kernel outside the capture
-        stream.synchronize()
-        stream.begin_capture()
-        for i in range(per):
-            call(ws[i % len(ws)])
-        graph = stream.end_capture()
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    times = []
-    for i in range(reps + 3):
-        start.record(stream)
-        graph.launch(stream=stream)
-        stop.record(stream)
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop) * 1000.0 / per)
-    return float(np.median(times[3:]))
 
 
 def main():

@@ -17,7 +17,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_kernels import TYPE_NAMES, K, M, time_batched, warm_gpu  # noqa: E402
+from bench_kernels import TYPE_NAMES, K, M, time_batched, time_graph, warm_gpu  # noqa: E402
 
 from engine.quants import TYPES, random_blocks  # noqa: E402
 
@@ -133,7 +133,7 @@ def rows_for(kernel: str, defines: dict, n: int) -> int:
     return defines.get(key, launch.mmvqp_rows(n) if kernel == "mmvq_pieces" else launch.mmvq_rows(n))
 
 
-def bench_kslice(settings: str, reps: int):
+def bench_kslice(settings: str, reps: int, timer=time_batched):
     """mmvq_kslice_q4_K (activations in registers, an experiment) at q4_K n = 1 for each "R/U" setting
     (MMVQK_R rows per block, MMVQK_U rows in flight), against mmvq's output: {setting: (us, max rel err)}."""
     import cupy as cp
@@ -147,7 +147,10 @@ def bench_kslice(settings: str, reps: int):
     blocks = random_blocks(t, M * K // TYPES[t].block_size, rng)
     ws = [upload(t, (M, K), blocks) for _ in range(8)]
     qs, ds = launch.quantize_q8_1(cp.asarray(rng.standard_normal((1, K)).astype(np.float32)))
-    ref = launch.mmvq(ws[0], qs, ds, 1).get()
+    import os
+    os.environ["ENGINE_MMVQ_KSLICE"] = os.environ["ENGINE_MMVQ_PAIRS"] = "0"
+    ref = launch.mmvq(ws[0], qs, ds, 1).get()                      # mmvq's
+    del os.environ["ENGINE_MMVQ_KSLICE"], os.environ["ENGINE_MMVQ_PAIRS"]
     res = {}
     for setting in settings.split(","):
         r, u = map(int, setting.split("/"))
@@ -162,8 +165,8 @@ def bench_kslice(settings: str, reps: int):
                                                        np.int64(w.row_bytes)))
         call(ws[0])
         err = float(np.abs(y.get() - ref).max() / np.abs(ref).max())
-        time_batched(call, ws, 5)
-        res[setting] = (time_batched(call, ws, reps), err)
+        timer(call, ws, 5)
+        res[setting] = (timer(call, ws, reps), err)
         print(f"kslice R/U {setting}: {res[setting][0]:.1f} us, max rel err vs mmvq {err:.1e}", flush=True)
     return res
 
@@ -179,11 +182,12 @@ def main():
     ap.add_argument("--variants", default="", help="only the variants whose names start with one of these")
     ap.add_argument("--ns", default="1,2,3,4,5,6,7,8", help="column counts")
     ap.add_argument("--shapes", default=f"{M}x{K}", help="m x k shapes, e.g. 4096x14336,14336x4096")
+    ap.add_argument("--graph", action="store_true", help="kernel times from CUDA graphs of 20 launches")
     ap.add_argument("--kslice", default="", help="R/U settings of mmvq_kslice_q4_K to time at n = 1 (then stop)")
     args = ap.parse_args()
     if args.kslice:
         warm_gpu()
-        bench_kslice(args.kslice, args.reps)
+        bench_kslice(args.kslice, args.reps, time_graph if args.graph else time_batched)
         return
     wanted = [v for v in args.variants.split(",") if v]
     ns = [int(v) for v in args.ns.split(",")]
@@ -220,8 +224,9 @@ def main():
                         if n not in ref:
                             ref[n] = y
                         err = float(np.abs(y - ref[n]).max() / np.abs(ref[n]).max())
-                        time_batched(call, ws, 5)            # warm-up
-                        us = time_batched(call, ws, args.reps)
+                        timer = time_graph if args.graph else time_batched
+                        timer(call, ws, 5)                   # warm-up
+                        us = timer(call, ws, args.reps)
                         results.append(((m, k), tname, vname, n, groups, us, err))
             del ws, w0
             cp.get_default_memory_pool().free_all_blocks()

@@ -423,21 +423,23 @@ mmvq_q4_K_pairs(MMVQ_PARAMS) {
     reduce_store<NR, OUT_ROWS, NCOLS, GLU>(acc, partial, groups, b, m, y);
 }
 
-// ---- MMVQ with the activations held in registers (mmvq_kslice_q4_K, one column; an experiment): k is cut into
-// slices of 32 quant-group pairs (2048 values); warp w of a block holds slice w's activations in registers (lane l:
-// pair l of the slice, 64 values) and streams MMVQK_R rows of the block through them, MMVQK_U rows' weight loads
+// ---- MMVQ with the activations held in registers (mmvq_kslice_q4_K): Q4_K, one column, one matrix, no GLU. k is cut
+// into slices of 32 quant-group pairs (2048 values); warp w of a block holds slice w's activations in registers (lane
+// l: pair l of the slice, 64 values) and streams the block's MMVQK_R rows through them, MMVQK_U rows' weight loads
 // (header + 32 quant bytes per lane) in flight at a time, so the activations are read once per MMVQK_R rows (mmvq:
-// once per row). The lanes' sums of the R rows are reduced across the warp by halving exchanges (one shuffle per
-// row), the slices' sums through shared memory in slice order (deterministic).
-// Launch rule: block 32 * slices threads (slices = ceil(k / 2048) <= 32), grid ceil(m / MMVQK_R).
-#ifdef MMVQ_ONLY_KSLICE
+// once per row) and a block reads U whole rows at a time. The lanes' sums of the R rows are reduced across the warp
+// by halving exchanges (R - 1 shuffles for R rows), the slices' sums through shared memory in slice order
+// (deterministic). On the H200 at 4096 x 14336: 12.3 us (R = 8, U = 2: 64 registers, 4 blocks of 7 warps per SM,
+// one wave), where mmvq_q4_K_pairs takes ~14 and mmvq ~15.7 (BENCHMARKS.md).
+// Launch rule (launch.mmvq_launches, Q4_K at one column, one matrix, no GLU, k >= launch.KSLICE_MIN_K): block
+// 32 * slices threads (slices = ceil(k / 2048) <= 16), grid ceil(m / MMVQK_R).
 #ifndef MMVQK_R
-#define MMVQK_R 16
+#define MMVQK_R 8
 #endif
 #ifndef MMVQK_U
-#define MMVQK_U 4
+#define MMVQK_U 2
 #endif
-__global__ void __launch_bounds__(512)
+extern "C" __global__ void __launch_bounds__(512)
 mmvq_kslice_q4_K(const u8* __restrict__ w, const signed char* __restrict__ qs, const float2* __restrict__ ds,
                  float* __restrict__ y, int m, int k, long long row_bytes) {
     static_assert(MMVQK_R == 8 || MMVQK_R == 16 || MMVQK_R == 32, "R rows reduced over 32 lanes by halving");
@@ -509,7 +511,6 @@ mmvq_kslice_q4_K(const u8* __restrict__ w, const signed char* __restrict__ qs, c
         y[row0 + threadIdx.x] = s;
     }
 }
-#endif
 
 // ---- MMVQ on the int8 tensor cores, for Q4_K (mmvq_mma_q4_K): same arguments, matrices, GLU and output as mmvq
 // (groups unused), 1..16 columns. A block of MMVQM_WARPS warps computes one 16-row tile of y^T for all NCOLS columns
@@ -688,7 +689,7 @@ INSTANTIATE_MMVQ(MMVQ_ONLY_TYPE)
 #ifdef MMVQ_ONLY_PIECES
 INSTANTIATE_MMVQP(MMVQ_ONLY_TYPE)
 #endif
-#elif !defined(MMVQ_ONLY_KSLICE)
+#elif !defined(MMVQ_ONLY_KSLICE)                     // (a benchmark's build of mmvq_kslice_q4_K alone)
 FOR_EACH_QTYPE(INSTANTIATE_MMVQ)
 FOR_EACH_PIECE_QTYPE(INSTANTIATE_MMVQP)
 #define INSTANTIATE_MMVQ2_G(N, G) template __global__ void mmvq_q4_K_pairs<N, G>(MMVQ_PARAM_TYPES);
