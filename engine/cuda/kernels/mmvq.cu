@@ -3,7 +3,8 @@
 //   qs : [ncols, k] int8 and ds : [ncols, k/16] float2, from quantize_q8_1
 //   y  : [ncols, m] f32
 // Launch rule (dispatch.choose_path: quantized T, ncols <= 16, launch.column_groups cutting 9..16 columns into
-// launches of <= 8 except for Q4_K; Q4_K at 5..8 takes mmvq_pieces, at 9..16 mmvq_mma_q4_K, both below): block
+// launches of <= 8 except for Q4_K; Q4_K takes the kernels below: mmvq_kslice_q4_K or mmvq_q4_K_pairs at one column,
+// mmvq_q4_K_pairs at two, mmvq_pieces at 5..8, mmvq_mma_q4_K at 9..16): block
 // of 128 threads in groups of 128/groups threads (groups = 1, 2 or 4: launch._mmvq_groups, by k and for the 4-bit
 // types by the launch's rows); each group serves mmvq_rows(NCOLS) consecutive rows (1 for one column,
 // where more blocks in flight matter most; 2 above, where reusing the activations matters), each thread takes every
@@ -307,8 +308,11 @@ mmvq_pieces(MMVQ_PARAMS) {
 // (1,152 bytes of one row) where mmvq's covers 4. Registers are held to what 8 blocks of 128 threads per SM allow
 // at one column (64), so that a launch over 4096 rows is one wave (the chunk-batching attempt of the sixth session
 // took 72 and two waves). MMVQ2_PIPE = 1: a lane's next pair's weight loads are issued before this pair's arithmetic.
-// Launch rule: as mmvq's (block 128 threads in groups of 128/groups threads, each group mmvq2_rows(NCOLS) rows; grid
-// ceil(m / (groups * rows)) summed over the matrices; GLU: one output row per group).
+// On the H200 at 4096 x 14336, one column (scripts/bench_mmvq_variants.py): 2 rows per group 13.6-14.6 us, 1 row
+// 16.5, mmvq 15.7-16.2; pipelining and 4 rows no better (BENCHMARKS.md).
+// Launch rule (launch.mmvq_launches, Q4_K at <= launch.PAIRS_MAX_COLS columns unless mmvq_kslice_q4_K takes it): as
+// mmvq's (block 128 threads in groups of 128/groups threads, groups = 4; each group mmvq2_rows(NCOLS) rows; grid
+// ceil(m / (groups * rows)) summed over the matrices; GLU: one output row per group, its gate and up rows).
 #ifndef MMVQ2_ROWS_1
 #define MMVQ2_ROWS_1 2
 #endif
