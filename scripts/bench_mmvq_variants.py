@@ -148,9 +148,9 @@ def bench_kslice(settings: str, reps: int, timer=time_batched):
     ws = [upload(t, (M, K), blocks) for _ in range(8)]
     qs, ds = launch.quantize_q8_1(cp.asarray(rng.standard_normal((1, K)).astype(np.float32)))
     import os
-    os.environ["ENGINE_MMVQ_KSLICE"] = os.environ["ENGINE_MMVQ_PAIRS"] = "0"
+    os.environ["ENGINE_MMVQ_PAIRS"] = "0"
     ref = launch.mmvq(ws[0], qs, ds, 1).get()                      # mmvq's
-    del os.environ["ENGINE_MMVQ_KSLICE"], os.environ["ENGINE_MMVQ_PAIRS"]
+    del os.environ["ENGINE_MMVQ_PAIRS"]
     res = {}
     for setting in settings.split(","):
         r, u = map(int, setting.split("/"))

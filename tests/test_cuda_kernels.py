@@ -171,28 +171,6 @@ def test_q4_K_mmvq_kernels_every_ncols(monkeypatch, kernel):
             assert nmse(y, gate / (1 + np.exp(-gate)) * up) <= 1e-8, (kernel, m, k, n, "glu")
 
 
-def test_q4_K_kslice(monkeypatch):
-    """mmvq_kslice_q4_K (ENGINE_MMVQ_KSLICE=all: at any k) against numpy at one column, with k not a multiple of its
-    2048-value slices and rows not a multiple of its 8-row blocks; the dispatch rule takes it at k = 8192."""
-    import cupy as cp
-    from engine.cuda import dispatch, launch
-    from engine.cuda.build import kernel
-    rng = np.random.default_rng()
-    monkeypatch.setenv("ENGINE_MMVQ_KSLICE", "all")
-    for m, k in [(37, 8192), (200, 1280), (77, 8448), (9, 512), (1030, 14336)]:
-        w, rw = random_weight(GGMLType.Q4_K, m, k, rng)
-        x = rng.standard_normal((1, k)).astype(np.float32)
-        _, xq = q8_1_ref(x)
-        qs, ds = launch.quantize_q8_1(cp.asarray(x))
-        out = cp.full((1, m), cp.nan, cp.float32)
-        (fn, *_), = launch.mmvq_launches([w], qs, ds, 1, [out])
-        assert fn is kernel("mmvq", "mmvq_kslice_q4_K")
-        y = dispatch.mul_mat(w, cp.asarray(x), path="mmvq", out=out).get()
-        assert np.isfinite(y).all() and nmse(y, xq @ rw.T) <= 1e-8, (m, k, nmse(y, xq @ rw.T))
-    monkeypatch.delenv("ENGINE_MMVQ_KSLICE")
-    assert launch.use_kslice(int(GGMLType.Q4_K), 1, 1, 0, 8192) and not launch.use_kslice(int(GGMLType.Q4_K), 1, 1, 0, 4096)
-
-
 @pytest.mark.parametrize("t", QTYPES, ids=lambda t: t.name)
 def test_mmvq_multi_and_glu(t):
     """Three matrices in one MMVQ launch (q, k, v: different row counts), and the fused gate/up GLU, against numpy."""

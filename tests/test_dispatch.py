@@ -78,20 +78,6 @@ def test_mmvq_kernel_choice(monkeypatch):
     assert mmvq_choice(q4k, 3, 2)[0] == "mmvq_mma_q4_K<3, 2>" and mmvq_choice(q6k, 3, 0)[0] == "mmvq<14, 3, 0>"
 
 
-def test_kslice_rule(monkeypatch):
-    """mmvq_kslice_q4_K takes Q4_K at one column, one matrix, no GLU, 8192 <= k <= 32768; ENGINE_MMVQ_KSLICE=0 / all."""
-    from engine.cuda.launch import use_kslice
-    q4k, q6k = int(GGMLType.Q4_K), int(GGMLType.Q6_K)
-    monkeypatch.delenv("ENGINE_MMVQ_KSLICE", raising=False)
-    assert use_kslice(q4k, 1, 1, 0, 14336) and use_kslice(q4k, 1, 1, 0, 8192) and use_kslice(q4k, 1, 1, 0, 32768)
-    assert not any([use_kslice(q4k, 2, 1, 0, 14336), use_kslice(q4k, 1, 2, 0, 14336), use_kslice(q4k, 1, 1, 1, 14336),
-                    use_kslice(q4k, 1, 1, 0, 4096), use_kslice(q4k, 1, 1, 0, 34816), use_kslice(q6k, 1, 1, 0, 14336)])
-    monkeypatch.setenv("ENGINE_MMVQ_KSLICE", "0")
-    assert not use_kslice(q4k, 1, 1, 0, 14336)
-    monkeypatch.setenv("ENGINE_MMVQ_KSLICE", "all")
-    assert use_kslice(q4k, 1, 1, 0, 256)
-
-
 def test_mmq_split_rule(monkeypatch):
     """MMQ splits k only where its tiles are fewer than the SMs, into equal non-empty runs of stages (256 values)."""
     from engine.cuda.launch import mmq_splits

@@ -39,19 +39,6 @@ def mmvq2_rows(ncols: int) -> int:
     return 2
 
 
-KSLICE_TYPES = frozenset({12})                       # Q4_K at one column, one matrix, no GLU: mmvq_kslice_q4_K ...
-KSLICE_MIN_K, KSLICE_MAX_K = 8192, 32768            # ... at k in this range (its block: one warp per 2048 of k)
-KSLICE_ROWS = 8                                     # kernels/mmvq.cu MMVQK_R: rows per block
-
-
-def use_kslice(t: int, n: int, matrices: int, glu: int, k: int) -> bool:
-    """Whether an MMVQ launch takes mmvq_kslice_q4_K. ENGINE_MMVQ_KSLICE: unset = KSLICE_TYPES at one column, one
-    matrix, no GLU, KSLICE_MIN_K <= k <= KSLICE_MAX_K; 'all' = down to any k; '0' = never."""
-    mode = os.environ.get("ENGINE_MMVQ_KSLICE", "")
-    return (t in KSLICE_TYPES and n == 1 and matrices == 1 and not glu and mode != "0"
-            and (KSLICE_MIN_K if mode != "all" else 0) <= k <= KSLICE_MAX_K)
-
-
 MMA_TYPES = frozenset({12})                          # Q4_K: served by mmvq_mma_q4_K ...
 MMA_MIN_COLS = 9                                    # ... from this many columns (slower than the others at 1..8)
 MMVQM_WARPS = 16                                    # kernels/mmvq.cu: warps per mmvq_mma_q4_K block
@@ -175,10 +162,6 @@ def mmvq_launches(ws: list[GPUWeight], qs, ds, n: int, ys: list, glu: int = 0) -
     without the Python work); with glu (GLU_ACTS), mmvq_glu's: ws = [gate, up] into ys = [y]."""
     assert 1 <= len(ws) <= 3 and len({(int(w.type), w.k) for w in ws}) == 1
     t, k = int(ws[0].type), ws[0].k
-    if use_kslice(t, n, len(ws), glu, k):
-        w, slices = ws[0], (k // 64 + 31) // 32
-        return [(kernel("mmvq", "mmvq_kslice_q4_K"), ((w.m + KSLICE_ROWS - 1) // KSLICE_ROWS,), (32 * slices,),
-                 (w.data, qs, ds, ys[0], np.int32(w.m), np.int32(k), np.int64(w.row_bytes)))]
     served = ws[:1] if glu else ws                    # GLU: each output row dots a gate row and an up row
     launches = []
     for j, nj in column_groups(t, n):

@@ -3,8 +3,8 @@
 //   qs : [ncols, k] int8 and ds : [ncols, k/16] float2, from quantize_q8_1
 //   y  : [ncols, m] f32
 // Launch rule (dispatch.choose_path: quantized T, ncols <= 16, launch.column_groups cutting 9..16 columns into
-// launches of <= 8 except for Q4_K; Q4_K takes the kernels below: mmvq_kslice_q4_K or mmvq_q4_K_pairs at one column,
-// mmvq_q4_K_pairs at two, mmvq_pieces at 5..8, mmvq_mma_q4_K at 9..16): block
+// launches of <= 8 except for Q4_K; Q4_K takes the kernels below: mmvq_q4_K_pairs at 1..2 columns, mmvq_pieces at
+// 5..8, mmvq_mma_q4_K at 9..16): block
 // of 128 threads in groups of 128/groups threads (groups = 1, 2 or 4: launch._mmvq_groups, by k and for the 4-bit
 // types by the launch's rows); each group serves mmvq_rows(NCOLS) consecutive rows (1 for one column,
 // where more blocks in flight matter most; 2 above, where reusing the activations matters), each thread takes every
@@ -308,9 +308,9 @@ mmvq_pieces(MMVQ_PARAMS) {
 // (1,152 bytes of one row) where mmvq's covers 4. Registers are held to what 8 blocks of 128 threads per SM allow
 // at one column (64), so that a launch over 4096 rows is one wave (the chunk-batching attempt of the sixth session
 // took 72 and two waves). MMVQ2_PIPE = 1: a lane's next pair's weight loads are issued before this pair's arithmetic.
-// On the H200 at 4096 x 14336, one column (scripts/bench_mmvq_variants.py): 2 rows per group 13.6-14.6 us, 1 row
-// 16.5, mmvq 15.7-16.2; pipelining and 4 rows no better (BENCHMARKS.md).
-// Launch rule (launch.mmvq_launches, Q4_K at <= launch.PAIRS_MAX_COLS columns unless mmvq_kslice_q4_K takes it): as
+// On the H200, one column, CUDA-graph timing (scripts/bench_mmvq_variants.py --graph): 4096 x 14336 10.8 us (3.07
+// TB/s; mmvq 13.6), 14336 x 4096 11.3 (13.7), 4096 x 4096 4.8 (5.9); 4 rows per group no better (BENCHMARKS.md).
+// Launch rule (launch.mmvq_launches, Q4_K at <= launch.PAIRS_MAX_COLS columns): as
 // mmvq's (block 128 threads in groups of 128/groups threads, groups = 4; each group mmvq2_rows(NCOLS) rows; grid
 // ceil(m / (groups * rows)) summed over the matrices; GLU: one output row per group, its gate and up rows).
 #ifndef MMVQ2_ROWS_1
@@ -427,16 +427,17 @@ mmvq_q4_K_pairs(MMVQ_PARAMS) {
     reduce_store<NR, OUT_ROWS, NCOLS, GLU>(acc, partial, groups, b, m, y);
 }
 
-// ---- MMVQ with the activations held in registers (mmvq_kslice_q4_K): Q4_K, one column, one matrix, no GLU. k is cut
-// into slices of 32 quant-group pairs (2048 values); warp w of a block holds slice w's activations in registers (lane
-// l: pair l of the slice, 64 values) and streams the block's MMVQK_R rows through them, MMVQK_U rows' weight loads
-// (header + 32 quant bytes per lane) in flight at a time, so the activations are read once per MMVQK_R rows (mmvq:
-// once per row) and a block reads U whole rows at a time. The lanes' sums of the R rows are reduced across the warp
-// by halving exchanges (R - 1 shuffles for R rows), the slices' sums through shared memory in slice order
-// (deterministic). On the H200 at 4096 x 14336: 12.3 us (R = 8, U = 2: 64 registers, 4 blocks of 7 warps per SM,
-// one wave), where mmvq_q4_K_pairs takes ~14 and mmvq ~15.7 (BENCHMARKS.md).
-// Launch rule (launch.mmvq_launches, Q4_K at one column, one matrix, no GLU, k >= launch.KSLICE_MIN_K): block
-// 32 * slices threads (slices = ceil(k / 2048) <= 16), grid ceil(m / MMVQK_R).
+// ---- MMVQ with the activations held in registers (mmvq_kslice_q4_K; an experiment, built only by
+// scripts/bench_mmvq_variants.py --kslice): Q4_K, one column, one matrix, no GLU. k is cut into slices of 32
+// quant-group pairs (2048 values); warp w of a block holds slice w's activations in registers (lane l: pair l of the
+// slice, 64 values) and streams the block's MMVQK_R rows through them, MMVQK_U rows' weight loads (header + 32 quant
+// bytes per lane) in flight at a time, so the activations are read once per MMVQK_R rows and a block reads U whole
+// rows at a time. The lanes' sums of the R rows are reduced across the warp by halving exchanges (R - 1 shuffles for
+// R rows), the slices' sums through shared memory in slice order. On the H200 at 4096 x 14336 (CUDA-graph timing):
+// 10.5-10.8 us with R = 8, U = 2 (64 registers, 4 blocks of 7 warps per SM), where mmvq_q4_K_pairs takes 10.8 and
+// mmvq 13.6; the synthetic 8B's tg128 was the same with and without it (365.8 / 368.0 t/s), so it is not dispatched.
+// Launch rule: block 32 * slices threads (slices = ceil(k / 2048) <= 16), grid ceil(m / MMVQK_R).
+#ifdef MMVQ_ONLY_KSLICE
 #ifndef MMVQK_R
 #define MMVQK_R 8
 #endif
@@ -515,6 +516,7 @@ mmvq_kslice_q4_K(const u8* __restrict__ w, const signed char* __restrict__ qs, c
         y[row0 + threadIdx.x] = s;
     }
 }
+#endif
 
 // ---- MMVQ on the int8 tensor cores, for Q4_K (mmvq_mma_q4_K): same arguments, matrices, GLU and output as mmvq
 // (groups unused), 1..16 columns. A block of MMVQM_WARPS warps computes one 16-row tile of y^T for all NCOLS columns
