@@ -54,7 +54,7 @@ def test_activation_forms_follow_the_last_array():
 
 
 def test_mmvq_kernel_choice(monkeypatch):
-    """Q4_K takes mmvq_q4_K_pairs at 1-2 columns, mmvq at 3-4 and mmvq_pieces at 5-8; ENGINE_MMVQ_PAIRS /
+    """Q4_K takes mmvq_q4_K_pairs at one column, mmvq at 2-4 and mmvq_pieces at 5-8; ENGINE_MMVQ_PAIRS /
     ENGINE_MMVQ_PIECES / ENGINE_MMVQ_MMA choose a kernel."""
     from engine.cuda.launch import mmvq_choice
     q4k, q6k = int(GGMLType.Q4_K), int(GGMLType.Q6_K)
@@ -62,7 +62,7 @@ def test_mmvq_kernel_choice(monkeypatch):
     monkeypatch.delenv("ENGINE_MMVQ_MMA", raising=False)
     monkeypatch.delenv("ENGINE_MMVQ_PAIRS", raising=False)
     assert [mmvq_choice(q4k, n, 0)[0].split("<")[0] for n in range(1, 9)] == (
-        ["mmvq_q4_K_pairs"] * 2 + ["mmvq"] * 2 + ["mmvq_pieces"] * 4)
+        ["mmvq_q4_K_pairs"] + ["mmvq"] * 3 + ["mmvq_pieces"] * 4)
     assert mmvq_choice(q4k, 1, 0)[:2] == ("mmvq_q4_K_pairs<1, 0>", 2)     # two rows per group
     assert mmvq_choice(q4k, 1, 1)[:2] == ("mmvq_q4_K_pairs<1, 1>", 1)     # GLU: a gate row and an up row
     monkeypatch.setenv("ENGINE_MMVQ_PAIRS", "0")

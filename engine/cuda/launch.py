@@ -31,7 +31,7 @@ PIECES_MIN_COLS = 5                                 # ... from this many columns
 
 
 PAIRS_TYPES = frozenset({12})                        # Q4_K: served by mmvq_q4_K_pairs ...
-PAIRS_MAX_COLS = 2                                  # ... at up to this many columns
+PAIRS_MAX_COLS = 1                                  # ... at up to this many columns (at 2: a wash, BENCHMARKS.md)
 
 
 def mmvq2_rows(ncols: int) -> int:

@@ -3,7 +3,7 @@
 //   qs : [ncols, k] int8 and ds : [ncols, k/16] float2, from quantize_q8_1
 //   y  : [ncols, m] f32
 // Launch rule (dispatch.choose_path: quantized T, ncols <= 16, launch.column_groups cutting 9..16 columns into
-// launches of <= 8 except for Q4_K; Q4_K takes the kernels below: mmvq_q4_K_pairs at 1..2 columns, mmvq_pieces at
+// launches of <= 8 except for Q4_K; Q4_K takes the kernels below: mmvq_q4_K_pairs at one column, mmvq_pieces at
 // 5..8, mmvq_mma_q4_K at 9..16): block
 // of 128 threads in groups of 128/groups threads (groups = 1, 2 or 4: launch._mmvq_groups, by k and for the 4-bit
 // types by the launch's rows); each group serves mmvq_rows(NCOLS) consecutive rows (1 for one column,
@@ -309,7 +309,8 @@ mmvq_pieces(MMVQ_PARAMS) {
 // at one column (64), so that a launch over 4096 rows is one wave (the chunk-batching attempt of the sixth session
 // took 72 and two waves). MMVQ2_PIPE = 1: a lane's next pair's weight loads are issued before this pair's arithmetic.
 // On the H200, one column, CUDA-graph timing (scripts/bench_mmvq_variants.py --graph): 4096 x 14336 10.8 us (3.07
-// TB/s; mmvq 13.6), 14336 x 4096 11.3 (13.7), 4096 x 4096 4.8 (5.9); 4 rows per group no better (BENCHMARKS.md).
+// TB/s; mmvq 13.6), 14336 x 4096 11.3 (13.7), 4096 x 4096 4.8 (5.9); 4 rows per group no better; at two columns
+// faster at two of those shapes and slower at the third, so not dispatched there (BENCHMARKS.md).
 // Launch rule (launch.mmvq_launches, Q4_K at <= launch.PAIRS_MAX_COLS columns): as
 // mmvq's (block 128 threads in groups of 128/groups threads, groups = 4; each group mmvq2_rows(NCOLS) rows; grid
 // ceil(m / (groups * rows)) summed over the matrices; GLU: one output row per group, its gate and up rows).
@@ -699,6 +700,5 @@ INSTANTIATE_MMVQP(MMVQ_ONLY_TYPE)
 FOR_EACH_QTYPE(INSTANTIATE_MMVQ)
 FOR_EACH_PIECE_QTYPE(INSTANTIATE_MMVQP)
 #define INSTANTIATE_MMVQ2_G(N, G) template __global__ void mmvq_q4_K_pairs<N, G>(MMVQ_PARAM_TYPES);
-INSTANTIATE_MMVQ2_G(1, 0) INSTANTIATE_MMVQ2_G(1, 1) INSTANTIATE_MMVQ2_G(1, 2)   // launch.PAIRS_MAX_COLS = 2
-INSTANTIATE_MMVQ2_G(2, 0) INSTANTIATE_MMVQ2_G(2, 1) INSTANTIATE_MMVQ2_G(2, 2)
+INSTANTIATE_MMVQ2_G(1, 0) INSTANTIATE_MMVQ2_G(1, 1) INSTANTIATE_MMVQ2_G(1, 2)   // launch.PAIRS_MAX_COLS = 1
 #endif
