@@ -133,44 +133,6 @@ def rows_for(kernel: str, defines: dict, n: int) -> int:
     return defines.get(key, launch.mmvqp_rows(n) if kernel == "mmvq_pieces" else launch.mmvq_rows(n))
 
 
-def bench_kslice(settings: str, reps: int, timer=time_batched):
-    """mmvq_kslice_q4_K (activations in registers, an experiment) at q4_K n = 1 for each "R/U" setting
-    (MMVQK_R rows per block, MMVQK_U rows in flight), against mmvq's output: {setting: (us, max rel err)}."""
-    import cupy as cp
-
-    from engine.cuda import launch
-    from engine.cuda.build import NVRTC_OPTIONS, expanded_source
-    from engine.cuda.weights import upload
-    from engine.quants import GGMLType
-    rng = np.random.default_rng()
-    t = GGMLType.Q4_K
-    blocks = random_blocks(t, M * K // TYPES[t].block_size, rng)
-    ws = [upload(t, (M, K), blocks) for _ in range(8)]
-    qs, ds = launch.quantize_q8_1(cp.asarray(rng.standard_normal((1, K)).astype(np.float32)))
-    import os
-    os.environ["ENGINE_MMVQ_PAIRS"] = "0"
-    ref = launch.mmvq(ws[0], qs, ds, 1).get()                      # mmvq's
-    del os.environ["ENGINE_MMVQ_PAIRS"]
-    res = {}
-    for setting in settings.split(","):
-        r, u = map(int, setting.split("/"))
-        opts = NVRTC_OPTIONS + ("-DMMVQ_ONLY_KSLICE", "-DMMVQ_SKIP_MMA", f"-DMMVQK_R={r}", f"-DMMVQK_U={u}")
-        fn = cp.RawModule(code=expanded_source("mmvq"), options=opts,
-                          name_expressions=["mmvq_kslice_q4_K"]).get_function("mmvq_kslice_q4_K")
-        y = cp.zeros((1, M), cp.float32)
-        slices = (K // 64 + 31) // 32
-
-        def call(w, fn=fn, y=y, r=r):
-            fn(((M + r - 1) // r,), (32 * slices,), (w.data, qs, ds, y, np.int32(M), np.int32(K),
-                                                       np.int64(w.row_bytes)))
-        call(ws[0])
-        err = float(np.abs(y.get() - ref).max() / np.abs(ref).max())
-        timer(call, ws, 5)
-        res[setting] = (timer(call, ws, reps), err)
-        print(f"kslice R/U {setting}: {res[setting][0]:.1f} us, max rel err vs mmvq {err:.1e}", flush=True)
-    return res
-
-
 def main():
     import cupy as cp
 
@@ -183,12 +145,7 @@ def main():
     ap.add_argument("--ns", default="1,2,3,4,5,6,7,8", help="column counts")
     ap.add_argument("--shapes", default=f"{M}x{K}", help="m x k shapes, e.g. 4096x14336,14336x4096")
     ap.add_argument("--graph", action="store_true", help="kernel times from CUDA graphs of 20 launches")
-    ap.add_argument("--kslice", default="", help="R/U settings of mmvq_kslice_q4_K to time at n = 1 (then stop)")
     args = ap.parse_args()
-    if args.kslice:
-        warm_gpu()
-        bench_kslice(args.kslice, args.reps, time_graph if args.graph else time_batched)
-        return
     wanted = [v for v in args.variants.split(",") if v]
     ns = [int(v) for v in args.ns.split(",")]
     shapes = [tuple(map(int, sh.split("x"))) for sh in args.shapes.split(",")]

@@ -428,97 +428,6 @@ mmvq_q4_K_pairs(MMVQ_PARAMS) {
     reduce_store<NR, OUT_ROWS, NCOLS, GLU>(acc, partial, groups, b, m, y);
 }
 
-// ---- MMVQ with the activations held in registers (mmvq_kslice_q4_K; an experiment, built only by
-// scripts/bench_mmvq_variants.py --kslice): Q4_K, one column, one matrix, no GLU. k is cut into slices of 32
-// quant-group pairs (2048 values); warp w of a block holds slice w's activations in registers (lane l: pair l of the
-// slice, 64 values) and streams the block's MMVQK_R rows through them, MMVQK_U rows' weight loads (header + 32 quant
-// bytes per lane) in flight at a time, so the activations are read once per MMVQK_R rows and a block reads U whole
-// rows at a time. The lanes' sums of the R rows are reduced across the warp by halving exchanges (R - 1 shuffles for
-// R rows), the slices' sums through shared memory in slice order. On the H200 at 4096 x 14336 (CUDA-graph timing):
-// 10.5-10.8 us with R = 8, U = 2 (64 registers, 4 blocks of 7 warps per SM), where mmvq_q4_K_pairs takes 10.8 and
-// mmvq 13.6; the synthetic 8B's tg128 was the same with and without it (365.8 / 368.0 t/s), so it is not dispatched.
-// Launch rule: block 32 * slices threads (slices = ceil(k / 2048) <= 16), grid ceil(m / MMVQK_R).
-#ifdef MMVQ_ONLY_KSLICE
-#ifndef MMVQK_R
-#define MMVQK_R 8
-#endif
-#ifndef MMVQK_U
-#define MMVQK_U 2
-#endif
-extern "C" __global__ void __launch_bounds__(512)
-mmvq_kslice_q4_K(const u8* __restrict__ w, const signed char* __restrict__ qs, const float2* __restrict__ ds,
-                 float* __restrict__ y, int m, int k, long long row_bytes) {
-    static_assert(MMVQK_R == 8 || MMVQK_R == 16 || MMVQK_R == 32, "R rows reduced over 32 lanes by halving");
-    static_assert(MMVQK_R % MMVQK_U == 0, "rows in batches of U");
-    __shared__ float partial[32][MMVQK_R];                        // [slice][row]
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slices = blockDim.x >> 5;
-    const int p = warp * 32 + lane, pairs = k >> 6;              // this lane's pair of each row
-    const bool live = p < pairs;
-    const int row0 = blockIdx.x * MMVQK_R;
-    int4 a[4] = {};                                               // the pair's 64 activations
-    float dx[2] = {0.f, 0.f}, sx[2] = {0.f, 0.f};                 // per chunk: d_x, d_x * sum x
-    if (live) {
-        const int4* ap = (const int4*)(qs + 64 * p);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) a[e] = ap[e];
-        const float4* sp = (const float4*)(ds + 4 * p);
-        const float4 s0 = sp[0], s1 = sp[1];
-        dx[0] = s0.x; sx[0] = s0.y + s0.w; dx[1] = s1.x; sx[1] = s1.y + s1.w;
-    }
-    float acc[MMVQK_R];
-#pragma unroll
-    for (int b = 0; b < MMVQK_R; b += MMVQK_U) {
-        Q4KPair wq[MMVQK_U];
-#pragma unroll
-        for (int u = 0; u < MMVQK_U; ++u)
-            if (live) wq[u] = q4k_pair_load(w + (long long)min(row0 + b + u, m - 1) * row_bytes, p);
-#pragma unroll
-        for (int u = 0; u < MMVQK_U; ++u) {
-            float t = 0.f;
-            if (live) {
-                float d[2], mn[2];
-                k4_pair_scales(wq[u].hd, p & 3, d, mn);
-                const u32 q[8] = {wq[u].q0.x, wq[u].q0.y, wq[u].q0.z, wq[u].q0.w,
-                                  wq[u].q1.x, wq[u].q1.y, wq[u].q1.z, wq[u].q1.w};
-                const int av[16] = {a[0].x, a[0].y, a[0].z, a[0].w, a[1].x, a[1].y, a[1].z, a[1].w,
-                                    a[2].x, a[2].y, a[2].z, a[2].w, a[3].x, a[3].y, a[3].z, a[3].w};
-                int s0 = 0, s1 = 0;
-#pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    s0 = dp4a((int)(q[e] & 0x0F0F0F0Fu), av[e], s0);
-                    s1 = dp4a((int)((q[e] >> 4) & 0x0F0F0F0Fu), av[8 + e], s1);
-                }
-                t = fmaf(d[0] * dx[0], (float)s0, -mn[0] * sx[0]);
-                t = fmaf(d[1] * dx[1], (float)s1, t);
-                t = fmaf(-mn[1], sx[1], t);
-            }
-            acc[b + u] = t;
-        }
-    }
-    // halving exchanges: after the step with width h, lane l holds rows whose index has bit pattern of l's bits
-#pragma unroll
-    for (int h = MMVQK_R / 2; h >= 1; h >>= 1) {
-        const bool upper = lane & h;                              // keeps rows [h, 2h) of each 2h-row group
-#pragma unroll
-        for (int r = 0; r < h; ++r) {
-            const float send = upper ? acc[r] : acc[r + h], keep = upper ? acc[r + h] : acc[r];
-            acc[r] = keep + __shfl_xor_sync(0xffffffffu, send, h);
-        }
-    }
-    // now lane l holds row (l mod R) summed over the lanes l' with l' = l mod R: finish over the 32 / R copies
-    float v = acc[0];
-#pragma unroll
-    for (int o = MMVQK_R; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane < MMVQK_R) partial[warp][lane] = v;
-    __syncthreads();
-    if (threadIdx.x < MMVQK_R && row0 + threadIdx.x < m) {
-        float s = 0.f;
-        for (int q = 0; q < slices; ++q) s += partial[q][threadIdx.x];
-        y[row0 + threadIdx.x] = s;
-    }
-}
-#endif
-
 // ---- MMVQ on the int8 tensor cores, for Q4_K (mmvq_mma_q4_K): same arguments, matrices, GLU and output as mmvq
 // (groups unused), 1..16 columns. A block of MMVQM_WARPS warps computes one 16-row tile of y^T for all NCOLS columns
 // (one or two 8-column B tiles sharing each A fragment).
@@ -696,7 +605,7 @@ INSTANTIATE_MMVQ(MMVQ_ONLY_TYPE)
 #ifdef MMVQ_ONLY_PIECES
 INSTANTIATE_MMVQP(MMVQ_ONLY_TYPE)
 #endif
-#elif !defined(MMVQ_ONLY_KSLICE)                     // (a benchmark's build of mmvq_kslice_q4_K alone)
+#else
 FOR_EACH_QTYPE(INSTANTIATE_MMVQ)
 FOR_EACH_PIECE_QTYPE(INSTANTIATE_MMVQP)
 #define INSTANTIATE_MMVQ2_G(N, G) template __global__ void mmvq_q4_K_pairs<N, G>(MMVQ_PARAM_TYPES);
