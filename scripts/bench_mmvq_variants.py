@@ -127,7 +127,7 @@ def rows_for(kernel: str, defines: dict, n: int) -> int:
     if kernel == "mmvq_mma":
         return 16
     if kernel == "mmvq_pairs":
-        return defines.get("MMVQ2_ROWS_1", 2) if n == 1 else defines.get("MMVQ2_ROWS_N", 2)
+        return defines.get("MMVQ2_ROWS_1" if n == 1 else "MMVQ2_ROWS_N", launch.mmvq2_rows(n))
     pre = "MMVQP_ROWS" if kernel == "mmvq_pieces" else "MMVQ_ROWS"
     key = f"{pre}_1" if n == 1 else f"{pre}_N" if n <= 4 else f"{pre}_HI"
     return defines.get(key, launch.mmvqp_rows(n) if kernel == "mmvq_pieces" else launch.mmvq_rows(n))
