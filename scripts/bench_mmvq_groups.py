@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """MMVQ time per thread-group split (groups = 1, 2, 4 rows per 128-thread block) at the matrix shapes of the
-benchmark models, for the kernels of kernels/mmvq.cu (mmvq; mmvq_pieces and mmvq_mma_q4_K for their types, the
-latter one 16-row tile per block): the data behind launch.py's _mmvq_groups / _mmvqp_groups rules and the
-kernel choice.
+benchmark models, for the kernels of kernels/mmvq.cu (mmvq; mmvq_pieces, mmvq_mma_q4_K and mmvq_tc_q4_K for their
+types; for mmvq_tc the "groups" are its k ranges, launch.mmvqt_splits): the data behind launch.py's _mmvq_groups /
+_mmvqp_groups / mmvqt_splits rules and the kernel choice.
 
-    python scripts/bench_mmvq_groups.py [--reps 30] [--types q4_K,q6_K,q4_1] [--kernels mmvq,mmvq_pieces,mmvq_mma]
+    python scripts/bench_mmvq_groups.py [--reps 30] [--types q4_K,q6_K,q4_1] [--kernels mmvq,mmvq_pieces,mmvq_mma,mmvq_tc]
 
 Kernel time: a CUDA graph of 20 launches on preallocated buffers (no host cost between them, which the small
 matrices would otherwise measure), weights rotated over copies that together exceed the L2; medians of reps / 20.
@@ -12,6 +12,7 @@ Each row: type, m x k, kernel, then per n the fastest split and its time, with t
 the rule picks another.
 """
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--types", default="q4_K,q6_K,q4_1")
-    ap.add_argument("--kernels", default="mmvq,mmvq_pieces,mmvq_mma")
+    ap.add_argument("--kernels", default="mmvq,mmvq_pieces,mmvq_mma,mmvq_tc")
     args = ap.parse_args()
     rng = np.random.default_rng()
     print("| type | m x k | kernel | " + " | ".join(f"n={n}" for n in range(1, 9)) + " |")
@@ -60,6 +61,9 @@ def main():
         if int(t) in launch.MMA_TYPES:
             kinds.append(("mmvq_mma", lambda n: f"mmvq_mma_q4_K<{n}, 0>", lambda n: 16, launch._one_group,
                           32 * launch.MMVQM_WARPS, (1,)))
+        if int(t) in launch.TC_TYPES:            # "groups" here: k ranges (launch.mmvqt_splits), launched as dispatched
+            kinds.append(("mmvq_tc", None, None,
+                          lambda t, m, k: launch.mmvqt_splits((m + 127) // 128, k), None, (1, 2, 4, 8)))
         for kname, name_of, rows_of, rule, threads, splits in kinds:
             if kname not in args.kernels.split(","):
                 continue
@@ -67,16 +71,25 @@ def main():
             for n in range(1, 9):
                 qs, ds = launch.quantize_q8_1(cp.asarray(rng.standard_normal((n, k)).astype(np.float32)))
                 out = cp.empty((n, m), cp.float32)
-                fn = kernel("mmvq", name_of(n))
                 times = {}
-                for groups in splits:
-                    grid = ((m + groups * rows_of(n) - 1) // (groups * rows_of(n)),)
+                chosen = rule(int(t), m, k)
+                for groups in sorted(set(splits) | {chosen}):
+                    if name_of is None:              # mmvq_tc: its launches with the k ranges forced
+                        os.environ["ENGINE_MMVQ_TC"], os.environ["ENGINE_MMVQ_TC_SPLITS"] = "all", str(groups)
+                        plans = {id(wi): launch.mmvq_launches([wi], qs, ds, n, [out]) for wi in ws}
+                        del os.environ["ENGINE_MMVQ_TC"], os.environ["ENGINE_MMVQ_TC_SPLITS"]
 
-                    def call(wi, fn=fn, grid=grid, out=out, qs=qs, ds=ds, groups=groups, threads=threads):
-                        fn(grid, (threads,), launch.mmvq_args([wi], qs, ds, [out], groups))
+                        def call(wi, plans=plans):
+                            for fn, grid, block, fargs in plans[id(wi)]:
+                                fn(grid, block, fargs)
+                    else:
+                        fn = kernel("mmvq", name_of(n))
+                        grid = ((m + groups * rows_of(n) - 1) // (groups * rows_of(n)),)
+
+                        def call(wi, fn=fn, grid=grid, out=out, qs=qs, ds=ds, groups=groups):
+                            fn(grid, (threads,), launch.mmvq_args([wi], qs, ds, [out], groups))
                     times[groups] = time_graph(call, ws, args.reps)
                 best = min(times, key=times.get)
-                chosen = rule(int(t), m, k)
                 cell = f"{times[best]:.1f} ({best})"
                 if chosen != best:
                     cell += f" rule {chosen}: {times[chosen]:.1f}"

@@ -143,13 +143,14 @@ def test_mul_mat_float(t):
             assert nmse(y, ref) <= 1e-6, (m, k, n, nmse(y, ref))
 
 
-@pytest.mark.parametrize("kernel", ["mma", "pieces", "pairs", "mmvq"])
+@pytest.mark.parametrize("kernel", ["tc", "mma", "pieces", "pairs", "mmvq"])
 def test_q4_K_mmvq_kernels_every_ncols(monkeypatch, kernel):
-    """Q4_K through each of its MMVQ kernels (ENGINE_MMVQ_MMA / ENGINE_MMVQ_PIECES / ENGINE_MMVQ_PAIRS) at every
-    column count it takes (9..16: the tensor-core kernel in one launch, the others in two), plain, three matrices in
-    one launch and with the GLU epilogue, against numpy."""
+    """Q4_K through each of its MMVQ kernels (ENGINE_MMVQ_TC / _MMA / _PIECES / _PAIRS) at every column count it
+    takes (9..16: the tensor-core kernels in one launch, the others in two), plain, three matrices in one launch and
+    with the GLU epilogue, against numpy."""
     import cupy as cp
     from engine.cuda import dispatch, launch
+    monkeypatch.setenv("ENGINE_MMVQ_TC", "all" if kernel == "tc" else "0")
     monkeypatch.setenv("ENGINE_MMVQ_MMA", "all" if kernel == "mma" else "0")
     monkeypatch.setenv("ENGINE_MMVQ_PIECES", "all" if kernel == "pieces" else "0")
     monkeypatch.setenv("ENGINE_MMVQ_PAIRS", "1" if kernel == "pairs" else "0")
@@ -169,6 +170,32 @@ def test_q4_K_mmvq_kernels_every_ncols(monkeypatch, kernel):
             gate, up = xq @ rw.T, xq @ ru.T
             y = dispatch.glu(w, wu, cp.asarray(x), "silu").get()
             assert nmse(y, gate / (1 + np.exp(-gate)) * up) <= 1e-8, (kernel, m, k, n, "glu")
+
+
+def test_q4_K_mmvq_tc_every_split(monkeypatch):
+    """mmvq_tc_q4_K with k cut into 1..7 ranges (ENGINE_MMVQ_TC_SPLITS; the last range's block adds the ranges'
+    sums): against numpy, the same bits run to run, and its counters left at zero; plain, q/k/v and GLU."""
+    import cupy as cp
+    from engine.cuda import dispatch, launch
+    monkeypatch.setenv("ENGINE_MMVQ_TC", "all")
+    rng = np.random.default_rng()
+    m, k = 300, 1792                                               # 3 row blocks of 128, 7 super-blocks per row
+    (w, rw), (wk, rk), (wu, ru) = (random_weight(GGMLType.Q4_K, rows, k, rng) for rows in (m, 45, m))
+    for n in (1, 6, 13):
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        _, xq = q8_1_ref(x)
+        gate, up = xq @ rw.T, xq @ ru.T
+        for splits in range(1, 8):
+            monkeypatch.setenv("ENGINE_MMVQ_TC_SPLITS", str(splits))
+            y = dispatch.mul_mat(w, cp.asarray(x), path="mmvq", out=cp.full((n, m), cp.nan, cp.float32)).get()
+            assert np.isfinite(y).all() and nmse(y, gate) <= 1e-8, (n, splits)
+            assert np.array_equal(y, dispatch.mul_mat(w, cp.asarray(x), path="mmvq").get()), (n, splits)
+            yq, yk = (o.get() for o in dispatch.mul_mats([w, wk], cp.asarray(x)))
+            assert nmse(yq, gate) <= 1e-8 and nmse(yk, xq @ rk.T) <= 1e-8, (n, splits, "q/k")
+            y = dispatch.glu(w, wu, cp.asarray(x), "gelu").get()
+            ref = 0.5 * gate * (1 + np.tanh(0.7978845608028654 * (gate + 0.044715 * gate ** 3))) * up
+            assert nmse(y, ref) <= 1e-8, (n, splits, "glu")
+            assert not launch._tc_scratch[-1][1].any(), (n, splits, "counters")
 
 
 @pytest.mark.parametrize("t", QTYPES, ids=lambda t: t.name)

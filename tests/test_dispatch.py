@@ -55,12 +55,11 @@ def test_activation_forms_follow_the_last_array():
 
 def test_mmvq_kernel_choice(monkeypatch):
     """Q4_K takes mmvq_q4_K_pairs at one column, mmvq at 2-4 and mmvq_pieces at 5-8; ENGINE_MMVQ_PAIRS /
-    ENGINE_MMVQ_PIECES / ENGINE_MMVQ_MMA choose a kernel."""
+    ENGINE_MMVQ_PIECES / ENGINE_MMVQ_MMA / ENGINE_MMVQ_TC choose a kernel."""
     from engine.cuda.launch import mmvq_choice
     q4k, q6k = int(GGMLType.Q4_K), int(GGMLType.Q6_K)
-    monkeypatch.delenv("ENGINE_MMVQ_PIECES", raising=False)
-    monkeypatch.delenv("ENGINE_MMVQ_MMA", raising=False)
-    monkeypatch.delenv("ENGINE_MMVQ_PAIRS", raising=False)
+    for var in ("ENGINE_MMVQ_TC", "ENGINE_MMVQ_PIECES", "ENGINE_MMVQ_MMA", "ENGINE_MMVQ_PAIRS"):
+        monkeypatch.delenv(var, raising=False)
     assert [mmvq_choice(q4k, n, 0)[0].split("<")[0] for n in range(1, 9)] == (
         ["mmvq_q4_K_pairs"] + ["mmvq"] * 3 + ["mmvq_pieces"] * 4)
     assert mmvq_choice(q4k, 1, 0)[:2] == ("mmvq_q4_K_pairs<1, 0>", 2)     # two rows per group
@@ -76,6 +75,31 @@ def test_mmvq_kernel_choice(monkeypatch):
     assert mmvq_choice(q4k, 1, 0)[0] == "mmvq_pieces<12, 1, 0>"
     monkeypatch.setenv("ENGINE_MMVQ_MMA", "all")
     assert mmvq_choice(q4k, 3, 2)[0] == "mmvq_mma_q4_K<3, 2>" and mmvq_choice(q6k, 3, 0)[0] == "mmvq<14, 3, 0>"
+    monkeypatch.setenv("ENGINE_MMVQ_TC", "all")
+    assert mmvq_choice(q4k, 5, 0)[:2] == ("mmvq_tc_q4_K<5, 0>", 128)      # 8 warps of 16 rows
+    assert mmvq_choice(q4k, 5, 2)[:2] == ("mmvq_tc_q4_K<5, 2>", 64)       # GLU: gate and up tiles
+    assert mmvq_choice(q6k, 3, 0)[0] == "mmvq<14, 3, 0>"
+
+
+def test_mmvqt_splits(monkeypatch):
+    """mmvq_tc_q4_K's k ranges: about two blocks per SM, at most MMVQT_MAX_RANGE super-blocks each, none empty."""
+    from engine.cuda import launch
+    monkeypatch.setattr(launch, "_sm_count", lambda: 132)
+    monkeypatch.delenv("ENGINE_MMVQ_TC_SPLITS", raising=False)
+    assert launch.mmvqt_splits(32, 14336) == 8            # 4096 x 14336: 32 row blocks x 8 ranges of 7
+    assert launch.mmvqt_splits(224, 4096) == 1            # gate/up GLU of 14336 rows: one range of 16
+    assert launch.mmvqt_splits(2, 1792) == 7              # capped by the 7 super-blocks
+    assert launch.mmvqt_splits(1000, 8192) == 2           # at most 16 super-blocks per range
+    assert launch.mmvqt_splits(32, 14336 - 256) == 8 and launch.mmvqt_splits(44, 2560) == 5   # ranges of 7, 2
+    for rb in (1, 7, 32, 100, 300):
+        for k in (256, 1792, 4096, 14336, 28672):
+            s = launch.mmvqt_splits(rb, k)
+            per = -(-k // 256 // s)
+            assert 1 <= s <= k // 256 and per <= launch.MMVQT_MAX_RANGE and (s - 1) * per < k // 256, (rb, k)
+    monkeypatch.setenv("ENGINE_MMVQ_TC_SPLITS", "5")
+    assert launch.mmvqt_splits(32, 14336) == 5
+    monkeypatch.setenv("ENGINE_MMVQ_TC_SPLITS", "1")
+    assert launch.mmvqt_splits(32, 14336) == 4            # 56 super-blocks: at least 4 ranges of <= 16
 
 
 def test_mmq_split_rule(monkeypatch):
@@ -132,10 +156,13 @@ def test_mmvq_column_groups(monkeypatch):
     """9..16 columns: one tensor-core launch for Q4_K, launches of <= 8 columns for the other types."""
     from engine.cuda.launch import column_groups
     monkeypatch.delenv("ENGINE_MMVQ_MMA", raising=False)
+    monkeypatch.delenv("ENGINE_MMVQ_TC", raising=False)
     q4k, q6k = int(GGMLType.Q4_K), int(GGMLType.Q6_K)
     assert column_groups(q4k, 8) == [(0, 8)] and column_groups(q6k, 8) == [(0, 8)]
     assert column_groups(q4k, 12) == [(0, 12)] and column_groups(q6k, 12) == [(0, 8), (8, 4)]
     assert column_groups(q6k, 16) == [(0, 8), (8, 8)]
+    monkeypatch.setenv("ENGINE_MMVQ_TC", "0")
+    assert column_groups(q4k, 12) == [(0, 12)]                               # mmvq_mma_q4_K
     monkeypatch.setenv("ENGINE_MMVQ_MMA", "0")
     assert column_groups(q4k, 9) == [(0, 8), (8, 1)]
     with pytest.raises(ValueError, match="1..16 columns"):

@@ -41,6 +41,7 @@ def name_expressions(family: str) -> list[str]:
         return [f"{kind}<{t}, {n}, {g}>" for kind, types in (("mmvq", qtypes), ("mmvq_pieces", PIECE_QTYPES.values()))
                 for t in types for n in range(1, 9) for g in range(3)] + [
             f"mmvq_mma_q4_K<{n}, {g}>" for n in range(1, 17) for g in range(3)] + [
+            f"mmvq_tc_q4_K<{n}, {g}>" for n in range(1, 17) for g in range(3)] + [
             f"mmvq_q4_K_pairs<1, {g}>" for g in range(3)]
     if family == "mmvf":
         return [f"mmvf<{w}, {n}, {v}>" for w, vec in (("float", 4), ("u16", 8)) for n in range(1, 9)

@@ -39,6 +39,56 @@ def mmvq2_rows(ncols: int) -> int:
     return 2
 
 
+TC_TYPES = frozenset({12})                           # Q4_K: served by mmvq_tc_q4_K ...
+TC_MIN_COLS = 17                                    # ... from this many columns (17: only when forced, not yet measured)
+MMVQT_WARPS = 8                                     # kernels/mmvq.cu: warps (16-row tiles) per mmvq_tc_q4_K block
+MMVQT_BLOCKS_PER_SM = 2                             # its blocks an SM holds (128 registers per thread)
+MMVQT_MAX_RANGE = 16                                # super-blocks per k range at most (its shared memory)
+
+
+def _use_tc(t: int, n: int) -> bool:
+    """ENGINE_MMVQ_TC: unset = TC_TYPES at >= TC_MIN_COLS columns, 'all' = at every n, '0' = never."""
+    mode = os.environ.get("ENGINE_MMVQ_TC", "")
+    return t in TC_TYPES and mode != "0" and (n >= TC_MIN_COLS or mode == "all")
+
+
+def mmvqt_rows(glu: int) -> int:
+    """Output rows per mmvq_tc_q4_K block: a 16-row tile per warp (GLU: per two warps, the gate's and the up's)."""
+    return 16 * MMVQT_WARPS // (2 if glu else 1)
+
+
+def mmvqt_splits(row_blocks: int, k: int) -> int:
+    """k ranges of an mmvq_tc_q4_K launch of row_blocks row blocks: enough blocks to fill the SMs' block slots, each
+    range at most MMVQT_MAX_RANGE super-blocks, none empty; ENGINE_MMVQ_TC_SPLITS=N asks for N."""
+    nsb = k // 256
+    forced = os.environ.get("ENGINE_MMVQ_TC_SPLITS")
+    want = int(forced) if forced else round(_sm_count() * MMVQT_BLOCKS_PER_SM / row_blocks)
+    splits = min(nsb, max(1, want, -(-nsb // MMVQT_MAX_RANGE)))
+    per = -(-nsb // splits)
+    return -(-nsb // per)
+
+
+def mmvqt_smem_bytes(k: int, ncols: int, splits: int) -> int:
+    """kernels/mmvq.cu mmvq_tc_q4_K's dynamic shared memory: its k range's activations (32 bytes per chunk and
+    column of its B tiles) with their d_x and d_x sum x, then the warps' tile sums."""
+    nsb = k // 256
+    chunks, cols = -(-nsb // splits) * 8, (ncols + 7) // 8 * 8
+    return chunks * cols * (32 + 8) + MMVQT_WARPS * 16 * ncols * 4
+
+
+_tc_scratch: list = []                  # (partial sums, counters) of mmvq_tc_q4_K, kept: graphs hold their addresses
+
+
+def _mmvqt_scratch(part_floats: int, row_blocks: int) -> tuple:
+    """A partial-sum buffer of at least part_floats floats and row_blocks zeroed counters (the kernel leaves them
+    zero), reused by every launch on the stream; a larger pair is made when needed, the old ones kept."""
+    cp = _cp()
+    if not _tc_scratch or _tc_scratch[-1][0].size < part_floats or _tc_scratch[-1][1].size < row_blocks:
+        size = max(part_floats, 1 << 20, 2 * _tc_scratch[-1][0].size if _tc_scratch else 0)
+        _tc_scratch.append((cp.empty(size, cp.float32), cp.zeros(max(row_blocks, 1 << 14), cp.int32)))
+    return _tc_scratch[-1]
+
+
 MMA_TYPES = frozenset({12})                          # Q4_K: served by mmvq_mma_q4_K ...
 MMA_MIN_COLS = 9                                    # ... from this many columns (slower than the others at 1..8)
 MMVQM_WARPS = 16                                    # kernels/mmvq.cu: warps per mmvq_mma_q4_K block
@@ -117,7 +167,10 @@ def _one_group(t: int, m: int, k: int) -> int:
 
 def mmvq_choice(t: int, n: int, glu: int) -> tuple:
     """(kernel name, output rows per group, groups function, threads per block) of the MMVQ kernel for type t at n
-    columns (glu: 0, or 1 / 2 for the silu / gelu epilogue)."""
+    columns (glu: 0, or 1 / 2 for the silu / gelu epilogue). For mmvq_tc_q4_K: its rows per block, no groups
+    function and no threads (mmvq_launches has its launch rule)."""
+    if _use_tc(t, n):
+        return f"mmvq_tc_q4_K<{n}, {glu}>", mmvqt_rows(glu), None, None
     if _use_mma(t, n):
         return f"mmvq_mma_q4_K<{n}, {glu}>", 16, _one_group, 32 * MMVQM_WARPS
     if _use_pieces(t, n):
@@ -137,7 +190,7 @@ def column_groups(t: int, n: int) -> list[tuple[int, int]]:
     takes all n, else groups of KERNEL_MAX_COLS (each reads the weights again)."""
     if not 1 <= n <= MMVQ_MAX_COLS:
         raise ValueError(f"MMVQ takes 1..{MMVQ_MAX_COLS} columns, not {n}")
-    if n <= KERNEL_MAX_COLS or _use_mma(t, n):
+    if n <= KERNEL_MAX_COLS or _use_mma(t, n) or _use_tc(t, n):
         return [(0, n)]
     return [(j, min(KERNEL_MAX_COLS, n - j)) for j in range(0, n, KERNEL_MAX_COLS)]
 
@@ -166,11 +219,19 @@ def mmvq_launches(ws: list[GPUWeight], qs, ds, n: int, ys: list, glu: int = 0) -
     launches = []
     for j, nj in column_groups(t, n):
         fn, rows, groups_for, threads = _mmvq_kernel(t, nj, glu)
+        xs = (qs[j:j + nj], ds[j:j + nj], [y[j:j + nj] for y in ys])
+        if groups_for is None:                        # mmvq_tc_q4_K: row blocks x k ranges, partial sums, counters
+            row_blocks = sum((w.m + rows - 1) // rows for w in served)
+            splits = mmvqt_splits(row_blocks, k)
+            smem = mmvqt_smem_bytes(k, nj, splits)
+            part, counters = _mmvqt_scratch(row_blocks * splits * 128 * nj, row_blocks)
+            launches.append((functools.partial(_with_smem(fn, smem), shared_mem=smem), (row_blocks, splits),
+                             (32 * MMVQT_WARPS,), mmvq_args(ws, *xs, splits, bool(glu)) + (part, counters)))
+            continue
         groups = groups_for(t, sum(w.m for w in served), k)
         per_block = groups * rows
         grid = (sum((w.m + per_block - 1) // per_block for w in served),)
-        args = mmvq_args(ws, qs[j:j + nj], ds[j:j + nj], [y[j:j + nj] for y in ys], groups, bool(glu))
-        launches.append((fn, grid, (threads,), args))
+        launches.append((fn, grid, (threads,), mmvq_args(ws, *xs, groups, bool(glu))))
     return launches
 
 

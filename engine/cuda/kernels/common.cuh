@@ -55,6 +55,23 @@ __device__ __forceinline__ void mma_k32(int c[4], const int a[4], const int b[2]
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// c[0..3] += A (16 x 8 tf32, a[0..3]) * B (8 x 8 tf32, b0, b1) on the tensor cores, fp32 accumulation; lane 4g + t
+// holds a = {A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]}, b0 = B[t][g], b1 = B[t+4][g], c as mma_k32's
+__device__ __forceinline__ void mma_tf32_k8(float c[4], const float a[4], float b0, float b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(__float_as_uint(a[0])), "r"(__float_as_uint(a[1])), "r"(__float_as_uint(a[2])),
+                   "r"(__float_as_uint(a[3])), "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)));
+}
+// x's leading 11 significant bits (a tf32 value, exact), and x rounded to tf32
+__device__ __forceinline__ float tf32_hi(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+__device__ __forceinline__ float to_tf32(float x) {
+    u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return __uint_as_float(r);
+}
+
 // shared-memory address of a generic pointer (for cp.async and ldmatrix)
 __device__ __forceinline__ u32 smem_addr(const void* p) {
     u32 a;

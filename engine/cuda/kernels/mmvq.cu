@@ -576,6 +576,217 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
     }
 }
 
+// ---- Tensor-core MMVQ for Q4_K over k ranges (mmvq_tc_q4_K): same arguments, matrices, GLU and output as mmvq,
+// 1..16 columns, plus a partial-sum scratch and one counter per row block; groups = the k ranges ("splits").
+// Block (x, z) serves 128 consecutive rows (with GLU: 64 rows of the gate and the up matrix) over k range z, one
+// 16-row tile per warp (GLU: warps 2i and 2i + 1 take tile i's gate and up rows). The block first copies its k range's
+// activations of all NCOLS columns (NB = ceil(NCOLS / 8) B tiles of 8), with each chunk's d_x and d_x sum x, into
+// shared memory: every warp of the block, and every row, reads them there. Each warp then walks its tile's
+// super-blocks in order, loading the next one's share (rows g and g + 8: two 16-byte headers, eight 8-byte quant words,
+// past L1) while it computes the current one. Per 32-value chunk: mma.m16n8k32 with the weights' nibbles as A and the
+// activations as B, the k order inside a chunk permuted alike in both (lane (g, t): quant bytes 8t..8t+7 of the
+// chunk's group, activation bytes 8t..8t+7 of the chunk); then per (row, column) the chunk's 6-bit scale times the
+// integer dot, to float, times d_x into the super-block's sum, which is scaled by d once. The mins' term, dmin * the
+// sum over chunks of m * (d_x sum x), is one more product per super-block on the tensor cores (mma.m16n8k8 tf32: the
+// 16 x 8 mins, exact, times the 8 x 8 activation sums as a tf32 high part plus the rest, 22 of their 24 bits).
+// With one k range the block writes y from its warps' sums; with more, each block stores its sums in part, and the
+// last of a row block's ranges to finish (counter) adds the ranges' sums in order z = 0, 1, ... and writes y (the
+// same sums in the same order every run), then resets the counter for the next launch.
+// Launch rule (launch.mmvq_launches, launch.mmvqt_splits): block 32 * MMVQT_WARPS threads, grid (row blocks summed
+// over the matrices (GLU: over m0), splits), dynamic shared memory launch.mmvqt_smem_bytes; part holds
+// gridDim.x * splits * 128 * NCOLS floats, counters gridDim.x ints, zero before the first launch.
+#define MMVQT_WARPS 8
+#ifndef MMVQT_MIN_BLOCKS
+#define MMVQT_MIN_BLOCKS 2                     // blocks per SM the registers must allow
+#endif
+
+// 8 / 16 bytes from global memory not kept in L1 (weights: read once)
+__device__ __forceinline__ uint2 ld_stream2(const u8* p) {
+    uint2 v;
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint4 ld_stream4(const u8* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+// One lane's share of a 16-row tile's super-block: rows g and g + 8 (h = 0, 1)
+struct Q4KTileRows {
+    uint4 hd[2];            // [h] d | dmin << 16, the 12 scale bytes
+    uint2 q[2][4];          // [h][group] quant bytes 8t..8t+7 of each 32-byte group
+};
+
+__device__ __forceinline__ void q4k_tile_load(Q4KTileRows& r, const u8* const (&row)[2], int sb, int t) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u8* b = row[h] + (long long)sb * 144;
+        r.hd[h] = ld_stream4(b);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) r.q[h][j] = ld_stream2(b + 16 + 32 * j + 8 * t);
+    }
+}
+
+// acc[nb][l] += the lane's four (row, column) dot products of a super-block: rows g + 8 (l >> 1), columns
+// 8 nb + 2t + (l & 1). The super-block's activations in shared memory: xq [chunk][8 NB][32] int8, dxs and sxs
+// [chunk][8 NB] d_x and d_x * sum x.
+template <int NB>
+__device__ __forceinline__ void q4k_tile_dot(const Q4KTileRows& r, const signed char* xq, const float* dxs,
+                                             const float* sxs, int g, int t, float (&acc)[NB][4]) {
+    float d[2], dmin[2];
+    u32 sc[2][2], mn[2][2];                                       // [h][chunks 0-3 / 4-7] 6-bit scales / mins
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint4 v = r.hd[h];
+        d[h] = h2f((u16)v.x);
+        dmin[h] = h2f((u16)(v.x >> 16));
+        sc[h][0] = v.y & 0x3F3F3F3Fu;
+        mn[h][0] = v.z & 0x3F3F3F3Fu;
+        sc[h][1] = (v.w & 0x0F0F0F0Fu) | ((v.y >> 2) & 0x30303030u);
+        mn[h][1] = ((v.w >> 4) & 0x0F0F0F0Fu) | ((v.z >> 2) & 0x30303030u);
+    }
+    const u32 tsel = 0x4440u | t;                                 // the mins of chunks t and t + 4 (tf32 A)
+    const float am[4] = {(float)__byte_perm(mn[0][0], 0u, tsel), (float)__byte_perm(mn[1][0], 0u, tsel),
+                         (float)__byte_perm(mn[0][1], 0u, tsel), (float)__byte_perm(mn[1][1], 0u, tsel)};
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+        float mins[4] = {0.f, 0.f, 0.f, 0.f};
+        const float s0 = sxs[t * 8 * NB + 8 * nb + g], s1 = sxs[(t + 4) * 8 * NB + 8 * nb + g];
+        const float h0 = tf32_hi(s0), h1 = tf32_hi(s1);
+        mma_tf32_k8(mins, am, h0, h1);
+        mma_tf32_k8(mins, am, to_tf32(s0 - h0), to_tf32(s1 - h1));
+#pragma unroll
+        for (int l = 0; l < 4; ++l) acc[nb][l] = fmaf(-dmin[l >> 1], mins[l], acc[nb][l]);
+    }
+    float dsum[NB][4];                                            // sum over chunks of d_x * sc * dot
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int l = 0; l < 4; ++l) dsum[nb][l] = 0.f;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {                                 // chunk c: group c / 2, low or high nibbles
+        const int j = c >> 1, sh = 4 * (c & 1);
+        const int a[4] = {(int)((r.q[0][j].x >> sh) & 0x0F0F0F0Fu), (int)((r.q[1][j].x >> sh) & 0x0F0F0F0Fu),
+                          (int)((r.q[0][j].y >> sh) & 0x0F0F0F0Fu), (int)((r.q[1][j].y >> sh) & 0x0F0F0F0Fu)};
+        const int s[2] = {(int)__byte_perm(sc[0][c >> 2], 0u, 0x4440u | (c & 3)),
+                          (int)__byte_perm(sc[1][c >> 2], 0u, 0x4440u | (c & 3))};
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+            const uint2 bq = *(const uint2*)(xq + (c * 8 * NB + 8 * nb + g) * 32 + 8 * t);
+            const float2 dx = *(const float2*)&dxs[c * 8 * NB + 8 * nb + 2 * t];     // columns 2t, 2t + 1
+            const int bx[2] = {(int)bq.x, (int)bq.y};
+            int dot[4] = {0, 0, 0, 0};
+            mma_k32(dot, a, bx);
+#pragma unroll
+            for (int l = 0; l < 4; ++l)
+                dsum[nb][l] = fmaf(l & 1 ? dx.y : dx.x, (float)(s[l >> 1] * dot[l]), dsum[nb][l]);
+        }
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int l = 0; l < 4; ++l) acc[nb][l] = fmaf(d[l >> 1], dsum[nb][l], acc[nb][l]);
+}
+
+template <int NCOLS, int GLU>
+__global__ void __launch_bounds__(MMVQT_WARPS * 32, MMVQT_MIN_BLOCKS)
+mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) {
+    constexpr int NB = (NCOLS + 7) / 8, C8 = 8 * NB;              // C8: the B tiles' columns
+    constexpr int ROWS = GLU ? 64 : 128;                          // output rows per block
+    const int splits = groups, z = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int nsb = k >> 8, per = (nsb + splits - 1) / splits, sb0 = z * per, sb1 = min(nsb, sb0 + per);
+    extern __shared__ float4 mmvqt_smem[];
+    signed char* xq = (signed char*)mmvqt_smem;                   // [per * 8 chunks][C8][32] activations
+    float* dxs = (float*)(xq + per * 8 * C8 * 32);                // [per * 8][C8] d_x
+    float* sxs = dxs + per * 8 * C8;                              // [per * 8][C8] d_x * sum x
+    float* sums = sxs + per * 8 * C8;                             // [8 warps][16][NCOLS] the warps' tile sums
+    int b = blockIdx.x, m = m0;
+    const u8* w = w0;
+    float* y = y0;
+    if (!GLU) select_matrix(ROWS, w1, w2, y1, y2, m0, m1, m2, b, w, y, m);
+    const int row0 = b * ROWS, tile0 = row0 + 16 * (GLU ? warp >> 1 : warp);
+    if (GLU) w = warp & 1 ? w1 : w0;
+    const u8* const rows[2] = {w + (long long)min(tile0 + g, m - 1) * row_bytes,
+                               w + (long long)min(tile0 + g + 8, m - 1) * row_bytes};
+    const bool live = tile0 < m;                                  // a tile past m computes nothing
+    Q4KTileRows buf[2];
+    if (live && sb0 < sb1) q4k_tile_load(buf[0], rows, sb0, t);
+    const int chunk0 = sb0 * 8, chunks = (sb1 - sb0) * 8;
+    for (int i = threadIdx.x; i < chunks * C8 * 2; i += blockDim.x) {         // 16-byte halves of (chunk, column)
+        const int c = i / (C8 * 2), col = (i >> 1) % C8, half = i & 1;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (col < NCOLS) v = *(const uint4*)(qs + (long long)col * k + (chunk0 + c) * 32 + 16 * half);
+        *(uint4*)(xq + (c * C8 + col) * 32 + 16 * half) = v;
+    }
+    for (int i = threadIdx.x; i < chunks * C8; i += blockDim.x) {
+        const int c = i / C8, col = i % C8;
+        float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (col < NCOLS) q = *(const float4*)(ds + (long long)col * (k >> 4) + 2 * (chunk0 + c));
+        dxs[i] = q.x;
+        sxs[i] = q.y + q.w;
+    }
+    float acc[NB][4];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int l = 0; l < 4; ++l) acc[nb][l] = 0.f;
+    __syncthreads();
+    if (live) {
+        for (int s = sb0; s < sb1; s += 2) {                      // two super-blocks per pass: buf 0, then buf 1
+            const int c0 = (s - sb0) * 8;
+            if (s + 1 < sb1) q4k_tile_load(buf[1], rows, s + 1, t);
+            q4k_tile_dot<NB>(buf[0], xq + c0 * C8 * 32, dxs + c0 * C8, sxs + c0 * C8, g, t, acc);
+            if (s + 1 >= sb1) break;
+            if (s + 2 < sb1) q4k_tile_load(buf[0], rows, s + 2, t);
+            q4k_tile_dot<NB>(buf[1], xq + (c0 + 8) * C8 * 32, dxs + (c0 + 8) * C8, sxs + (c0 + 8) * C8, g, t, acc);
+        }
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const int col = 8 * nb + 2 * t + (l & 1);
+            if (col < NCOLS) sums[(warp * 16 + g + 8 * (l >> 1)) * NCOLS + col] = acc[nb][l];
+        }
+    __syncthreads();
+    constexpr int P = MMVQT_WARPS * 16 * NCOLS;                  // one block's sums
+    const float* src = sums;                                      // the sums to add: this block's, or every range's
+    long long zstride = 0;
+    if (splits > 1) {
+        float* mine = part + ((long long)blockIdx.x * splits + z) * P;
+        for (int i = threadIdx.x; i < P; i += blockDim.x) mine[i] = sums[i];
+        __threadfence();
+        __syncthreads();
+        __shared__ int last;
+        if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.x], 1) == splits - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+        src = part + (long long)blockIdx.x * splits * P;
+        zstride = P;
+    }
+    for (int idx = threadIdx.x; idx < ROWS * NCOLS; idx += blockDim.x) {
+        const int rr = idx / NCOLS, j = idx % NCOLS, tile = rr >> 4, r = rr & 15;
+        const int slot = GLU ? 2 * tile : tile;                   // the warp that computed the row (GLU: its gate)
+        float a = 0.f, up = 0.f;
+        for (int q = 0; q < splits; ++q) {
+            const float* sz = src + q * zstride;
+            const float* v = sz + (slot * 16 + r) * NCOLS + j;
+            a += splits > 1 ? __ldcg(v) : *v;
+            if (GLU) {
+                const float* u = sz + ((slot + 1) * 16 + r) * NCOLS + j;
+                up += splits > 1 ? __ldcg(u) : *u;
+            }
+        }
+        if (GLU) a = glu_act(GLU, a) * up;
+        if (row0 + rr < m) y[(long long)j * m + row0 + rr] = a;
+    }
+}
+
 #define INSTANTIATE_MMVQ_G(T, N, G) template __global__ void mmvq<T, N, G>(MMVQ_PARAM_TYPES);
 #define INSTANTIATE_MMVQ_N(T, N) INSTANTIATE_MMVQ_G(T, N, 0) INSTANTIATE_MMVQ_G(T, N, 1) INSTANTIATE_MMVQ_G(T, N, 2)
 #define INSTANTIATE_MMVQ(T) INSTANTIATE_MMVQ_N(T, 1) INSTANTIATE_MMVQ_N(T, 2) INSTANTIATE_MMVQ_N(T, 3) \
@@ -594,6 +805,15 @@ INSTANTIATE_MMVQM_N(1) INSTANTIATE_MMVQM_N(2) INSTANTIATE_MMVQM_N(3) INSTANTIATE
 INSTANTIATE_MMVQM_N(5) INSTANTIATE_MMVQM_N(6) INSTANTIATE_MMVQM_N(7) INSTANTIATE_MMVQM_N(8)
 INSTANTIATE_MMVQM_N(9) INSTANTIATE_MMVQM_N(10) INSTANTIATE_MMVQM_N(11) INSTANTIATE_MMVQM_N(12)
 INSTANTIATE_MMVQM_N(13) INSTANTIATE_MMVQM_N(14) INSTANTIATE_MMVQM_N(15) INSTANTIATE_MMVQM_N(16)
+#endif
+#define INSTANTIATE_MMVQT_G(N, G) template __global__ void mmvq_tc_q4_K<N, G>(MMVQ_PARAM_TYPES, float* __restrict__, \
+    int* __restrict__);
+#define INSTANTIATE_MMVQT_N(N) INSTANTIATE_MMVQT_G(N, 0) INSTANTIATE_MMVQT_G(N, 1) INSTANTIATE_MMVQT_G(N, 2)
+#ifndef MMVQ_SKIP_TC
+INSTANTIATE_MMVQT_N(1) INSTANTIATE_MMVQT_N(2) INSTANTIATE_MMVQT_N(3) INSTANTIATE_MMVQT_N(4)
+INSTANTIATE_MMVQT_N(5) INSTANTIATE_MMVQT_N(6) INSTANTIATE_MMVQT_N(7) INSTANTIATE_MMVQT_N(8)
+INSTANTIATE_MMVQT_N(9) INSTANTIATE_MMVQT_N(10) INSTANTIATE_MMVQT_N(11) INSTANTIATE_MMVQT_N(12)
+INSTANTIATE_MMVQT_N(13) INSTANTIATE_MMVQT_N(14) INSTANTIATE_MMVQT_N(15) INSTANTIATE_MMVQT_N(16)
 #endif
 #define FOR_EACH_PIECE_QTYPE(X) X(T_Q4_K)        // the types with a piece<T> (build.py PIECE_QTYPES)
 #if defined(MMVQ_ONLY_PAIRS)                          // a benchmark's variant build of mmvq_q4_K_pairs alone
