@@ -68,12 +68,15 @@ def mmvqt_splits(row_blocks: int, k: int) -> int:
     return -(-nsb // per)
 
 
-def mmvqt_smem_bytes(k: int, ncols: int, splits: int) -> int:
+MMVQT_STAGES = 3                                    # kernels/mmvq.cu: its warps' ring slots of 16 x 160 bytes
+
+
+def mmvqt_smem_bytes(k: int, ncols: int, splits: int, stages: int = MMVQT_STAGES) -> int:
     """kernels/mmvq.cu mmvq_tc_q4_K's dynamic shared memory: its k range's activations (32 bytes per chunk and
-    column of its B tiles) with their d_x and d_x sum x, then the warps' tile sums."""
+    column of its B tiles) with their d_x and d_x sum x, the warps' tile sums, then the warps' weight rings."""
     nsb = k // 256
     chunks, cols = -(-nsb // splits) * 8, (ncols + 7) // 8 * 8
-    return chunks * cols * (32 + 8) + MMVQT_WARPS * 16 * ncols * 4
+    return chunks * cols * (32 + 8) + MMVQT_WARPS * 16 * ncols * 4 + MMVQT_WARPS * stages * 16 * 160
 
 
 _tc_scratch: list = []                  # (partial sums, counters) of mmvq_tc_q4_K, kept: graphs hold their addresses

@@ -582,8 +582,9 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 // 16-row tile per warp (GLU: warps 2i and 2i + 1 take tile i's gate and up rows). The block first copies its k range's
 // activations of all NCOLS columns (NB = ceil(NCOLS / 8) B tiles of 8), with each chunk's d_x and d_x sum x, into
 // shared memory: every warp of the block, and every row, reads them there. Each warp then walks its tile's
-// super-blocks in order, loading the next one's share (rows g and g + 8: two 16-byte headers, eight 8-byte quant words,
-// past L1) while it computes the current one. Per 32-value chunk: mma.m16n8k32 with the weights' nibbles as A and the
+// super-blocks in order through its own ring of MMVQT_STAGES slots in shared memory (cp.async, past L1, the next
+// MMVQT_STAGES - 1 in flight while it computes one; with MMVQT_STAGES 0, the next one's share in registers: two
+// 16-byte headers and eight 8-byte quant words per lane). Per 32-value chunk: mma.m16n8k32 with the weights' nibbles as A and the
 // activations as B, the k order inside a chunk permuted alike in both (lane (g, t): quant bytes 8t..8t+7 of the
 // chunk's group, activation bytes 8t..8t+7 of the chunk); then per (row, column) the chunk's 6-bit scale times the
 // integer dot, to float, times d_x into the super-block's sum, which is scaled by d once. The mins' term, dmin * the
@@ -599,6 +600,10 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 #ifndef MMVQT_MIN_BLOCKS
 #define MMVQT_MIN_BLOCKS 2                     // blocks per SM the registers must allow
 #endif
+#ifndef MMVQT_STAGES
+#define MMVQT_STAGES 3                         // super-blocks of a warp's tile in flight through its shared-memory ring
+#endif                                         // (cp.async; 0: the next one in registers instead)
+#define MMVQT_ROW_LD 160                       // a ring row: one 144-byte block, padded (conflict-free 8-byte reads)
 
 // 8 / 16 bytes from global memory not kept in L1 (weights: read once)
 __device__ __forceinline__ uint2 ld_stream2(const u8* p) {
@@ -626,6 +631,25 @@ __device__ __forceinline__ void q4k_tile_load(Q4KTileRows& r, const u8* const (&
         r.hd[h] = ld_stream4(b);
 #pragma unroll
         for (int j = 0; j < 4; ++j) r.q[h][j] = ld_stream2(b + 16 + 32 * j + 8 * t);
+    }
+}
+
+// cp.async super-block sb of the 16 rows from tile0 (past m: row m - 1) into a ring slot [16][MMVQT_ROW_LD]
+__device__ __forceinline__ void q4k_tile_stage(u8* slot, const u8* w, int tile0, int m, long long row_bytes, int sb,
+                                               int lane) {
+    for (int p = lane; p < 16 * 9; p += 32) {                     // 16-byte pieces: 9 per row
+        const int r = p / 9, piece = p - 9 * r;
+        cp_async16(slot + r * MMVQT_ROW_LD + 16 * piece,
+                   w + (long long)min(tile0 + r, m - 1) * row_bytes + (long long)sb * 144 + 16 * piece, 16);
+    }
+}
+__device__ __forceinline__ void q4k_tile_read(Q4KTileRows& r, const u8* slot, int g, int t) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const u8* row = slot + (g + 8 * h) * MMVQT_ROW_LD;
+        r.hd[h] = *(const uint4*)row;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) r.q[h][j] = *(const uint2*)(row + 16 + 32 * j + 8 * t);
     }
 }
 
@@ -712,8 +736,17 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
     const u8* const rows[2] = {w + (long long)min(tile0 + g, m - 1) * row_bytes,
                                w + (long long)min(tile0 + g + 8, m - 1) * row_bytes};
     const bool live = tile0 < m;                                  // a tile past m computes nothing
+#if MMVQT_STAGES
+    u8* ring = (u8*)(sums + MMVQT_WARPS * 16 * NCOLS) + warp * MMVQT_STAGES * 16 * MMVQT_ROW_LD;   // [STAGES][16][LD]
+    if (live)
+        for (int i = 0; i < MMVQT_STAGES - 1; ++i) {
+            if (sb0 + i < sb1) q4k_tile_stage(ring + i * 16 * MMVQT_ROW_LD, w, tile0, m, row_bytes, sb0 + i, lane);
+            cp_async_commit();
+        }
+#else
     Q4KTileRows buf[2];
     if (live && sb0 < sb1) q4k_tile_load(buf[0], rows, sb0, t);
+#endif
     const int chunk0 = sb0 * 8, chunks = (sb1 - sb0) * 8;
     for (int i = threadIdx.x; i < chunks * C8 * 2; i += blockDim.x) {         // 16-byte halves of (chunk, column)
         const int c = i / (C8 * 2), col = (i >> 1) % C8, half = i & 1;
@@ -734,6 +767,22 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
 #pragma unroll
         for (int l = 0; l < 4; ++l) acc[nb][l] = 0.f;
     __syncthreads();
+#if MMVQT_STAGES
+    if (live)
+        for (int s = sb0; s < sb1; ++s) {
+            const int i = s - sb0;
+            if (s + MMVQT_STAGES - 1 < sb1)                       // into the slot read at the step before
+                q4k_tile_stage(ring + (i + MMVQT_STAGES - 1) % MMVQT_STAGES * 16 * MMVQT_ROW_LD, w, tile0, m,
+                               row_bytes, s + MMVQT_STAGES - 1, lane);
+            cp_async_commit();
+            cp_async_wait<MMVQT_STAGES - 1>();                    // super-block s has landed
+            __syncwarp();
+            Q4KTileRows r;
+            q4k_tile_read(r, ring + i % MMVQT_STAGES * 16 * MMVQT_ROW_LD, g, t);
+            q4k_tile_dot<NB>(r, xq + i * 8 * C8 * 32, dxs + i * 8 * C8, sxs + i * 8 * C8, g, t, acc);
+            __syncwarp();
+        }
+#else
     if (live) {
         for (int s = sb0; s < sb1; s += 2) {                      // two super-blocks per pass: buf 0, then buf 1
             const int c0 = (s - sb0) * 8;
@@ -744,6 +793,7 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
             q4k_tile_dot<NB>(buf[1], xq + (c0 + 8) * C8 * 32, dxs + (c0 + 8) * C8, sxs + (c0 + 8) * C8, g, t, acc);
         }
     }
+#endif
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
