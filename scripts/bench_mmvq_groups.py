@@ -4,7 +4,8 @@ benchmark models, for the kernels of kernels/mmvq.cu (mmvq; mmvq_pieces, mmvq_mm
 types; for mmvq_tc the "groups" are its k ranges, launch.mmvqt_splits): the data behind launch.py's _mmvq_groups /
 _mmvqp_groups / mmvqt_splits rules and the kernel choice.
 
-    python scripts/bench_mmvq_groups.py [--reps 30] [--types q4_K,q6_K,q4_1] [--kernels mmvq,mmvq_pieces,mmvq_mma,mmvq_tc]
+    python scripts/bench_mmvq_groups.py [--reps 30] [--types q4_K,q6_K,q4_1]
+        [--kernels mmvq,mmvq_pieces,mmvq_mma,mmvq_tc]
 
 Kernel time: a CUDA graph of 20 launches on preallocated buffers (no host cost between them, which the small
 matrices would otherwise measure), weights rotated over copies that together exceed the L2; medians of reps / 20.

@@ -54,8 +54,8 @@ def test_activation_forms_follow_the_last_array():
 
 
 def test_mmvq_kernel_choice(monkeypatch):
-    """Q4_K takes mmvq_q4_K_pairs at one column, mmvq at 2-4 and mmvq_pieces at 5-8; ENGINE_MMVQ_PAIRS /
-    ENGINE_MMVQ_PIECES / ENGINE_MMVQ_MMA / ENGINE_MMVQ_TC choose a kernel."""
+    """Q4_K takes mmvq_q4_K_pairs at one column, mmvq at 2-4 and mmvq_pieces at 5-8, mmvq_tc_q4_K at 9-16 and from 4
+    columns for large matrices; ENGINE_MMVQ_PAIRS / _PIECES / _MMA / _TC choose a kernel."""
     from engine.cuda.launch import mmvq_choice
     q4k, q6k = int(GGMLType.Q4_K), int(GGMLType.Q6_K)
     for var in ("ENGINE_MMVQ_TC", "ENGINE_MMVQ_PIECES", "ENGINE_MMVQ_MMA", "ENGINE_MMVQ_PAIRS"):
@@ -64,11 +64,21 @@ def test_mmvq_kernel_choice(monkeypatch):
         ["mmvq_q4_K_pairs"] + ["mmvq"] * 3 + ["mmvq_pieces"] * 4)
     assert mmvq_choice(q4k, 1, 0)[:2] == ("mmvq_q4_K_pairs<1, 0>", 2)     # two rows per group
     assert mmvq_choice(q4k, 1, 1)[:2] == ("mmvq_q4_K_pairs<1, 1>", 1)     # GLU: a gate row and an up row
+    big = 4096 * 14336
+    assert [mmvq_choice(q4k, n, 0, big)[0].split("<")[0] for n in range(1, 17)] == (
+        ["mmvq_q4_K_pairs"] + ["mmvq"] * 2 + ["mmvq_tc_q4_K"] * 13)
+    assert [mmvq_choice(q4k, n, 0, 4096 * 4096)[0].split("<")[0] for n in (3, 4, 8, 9, 16)] == (
+        ["mmvq", "mmvq", "mmvq_pieces", "mmvq_tc_q4_K", "mmvq_tc_q4_K"])
+    assert mmvq_choice(q6k, 8, 0, big)[0] == "mmvq<14, 8, 0>"
     monkeypatch.setenv("ENGINE_MMVQ_PAIRS", "0")
     assert mmvq_choice(q4k, 1, 0)[0] == "mmvq<12, 1, 0>"
     monkeypatch.delenv("ENGINE_MMVQ_PAIRS")
     assert all(mmvq_choice(q6k, n, 0)[0].startswith("mmvq<") for n in range(1, 9))
     assert mmvq_choice(q4k, 8, 1)[:2] == ("mmvq_pieces<12, 8, 1>", 2)       # GLU: half the rows of the group
+    monkeypatch.setenv("ENGINE_MMVQ_TC", "0")
+    assert mmvq_choice(q4k, 8, 0, big)[0] == "mmvq_pieces<12, 8, 0>" and mmvq_choice(q4k, 12, 0)[0].startswith(
+        "mmvq_mma_q4_K")
+    monkeypatch.delenv("ENGINE_MMVQ_TC")
     monkeypatch.setenv("ENGINE_MMVQ_PIECES", "0")
     assert mmvq_choice(q4k, 8, 0)[0] == "mmvq<12, 8, 0>"
     monkeypatch.setenv("ENGINE_MMVQ_PIECES", "all")

@@ -39,17 +39,26 @@ def mmvq2_rows(ncols: int) -> int:
     return 2
 
 
-TC_TYPES = frozenset({12})                           # Q4_K: served by mmvq_tc_q4_K ...
-TC_MIN_COLS = 17                                    # ... from this many columns (17: only when forced, not yet measured)
+# Q4_K's mmvq_tc_q4_K: at 9..16 columns (in place of mmvq_mma_q4_K: 29.1 against 56.5 us at 4096 x 14336, n = 16),
+# and from TC_MIN_COLS columns where the launch reads at least TC_MIN_WEIGHTS weights (H200, graph-timed,
+# BENCHMARKS.md tenth session: 4096 x 14336 and 14336 x 4096 at n = 4..8 18.2-20.6 us against mmvq / mmvq_pieces'
+# 20.1-32.1; at n = 2-3 and at <= 16.7 M weights (4096 x 4096, 8192 x 2048, ...) the older kernels are faster).
+TC_TYPES = frozenset({12})
+TC_ALL_COLS = 9
+TC_MIN_COLS = 4
+TC_MIN_WEIGHTS = 32 << 20
 MMVQT_WARPS = 8                                     # kernels/mmvq.cu: warps (16-row tiles) per mmvq_tc_q4_K block
 MMVQT_BLOCKS_PER_SM = 2                             # its blocks an SM holds (128 registers per thread)
 MMVQT_MAX_RANGE = 16                                # super-blocks per k range at most (its shared memory)
 
 
-def _use_tc(t: int, n: int) -> bool:
-    """ENGINE_MMVQ_TC: unset = TC_TYPES at >= TC_MIN_COLS columns, 'all' = at every n, '0' = never."""
+def _use_tc(t: int, n: int, weights: int = 0) -> bool:
+    """ENGINE_MMVQ_TC: unset = TC_TYPES at >= TC_ALL_COLS columns, or >= TC_MIN_COLS where the launch reads >=
+    TC_MIN_WEIGHTS weights (weights: its matrices' rows x k); 'all' = at every n, '0' = never."""
     mode = os.environ.get("ENGINE_MMVQ_TC", "")
-    return t in TC_TYPES and mode != "0" and (n >= TC_MIN_COLS or mode == "all")
+    if t not in TC_TYPES or mode == "0":
+        return False
+    return mode == "all" or n >= TC_ALL_COLS or (n >= TC_MIN_COLS and weights >= TC_MIN_WEIGHTS)
 
 
 def mmvqt_rows(glu: int) -> int:
@@ -68,7 +77,7 @@ def mmvqt_splits(row_blocks: int, k: int) -> int:
     return -(-nsb // per)
 
 
-MMVQT_STAGES = 3                                    # kernels/mmvq.cu: its warps' ring slots of 16 x 160 bytes
+MMVQT_STAGES = 2                                    # kernels/mmvq.cu: its warps' ring slots of 16 x 160 bytes
 
 
 def mmvqt_smem_bytes(k: int, ncols: int, splits: int, stages: int = MMVQT_STAGES) -> int:
@@ -168,11 +177,11 @@ def _one_group(t: int, m: int, k: int) -> int:
     return 1
 
 
-def mmvq_choice(t: int, n: int, glu: int) -> tuple:
+def mmvq_choice(t: int, n: int, glu: int, weights: int = 0) -> tuple:
     """(kernel name, output rows per group, groups function, threads per block) of the MMVQ kernel for type t at n
-    columns (glu: 0, or 1 / 2 for the silu / gelu epilogue). For mmvq_tc_q4_K: its rows per block, no groups
-    function and no threads (mmvq_launches has its launch rule)."""
-    if _use_tc(t, n):
+    columns (glu: 0, or 1 / 2 for the silu / gelu epilogue) in a launch reading `weights` weights (rows x k). For
+    mmvq_tc_q4_K: its rows per block, no groups function and no threads (mmvq_launches has its launch rule)."""
+    if _use_tc(t, n, weights):
         return f"mmvq_tc_q4_K<{n}, {glu}>", mmvqt_rows(glu), None, None
     if _use_mma(t, n):
         return f"mmvq_mma_q4_K<{n}, {glu}>", 16, _one_group, 32 * MMVQM_WARPS
@@ -183,8 +192,8 @@ def mmvq_choice(t: int, n: int, glu: int) -> tuple:
     return f"mmvq<{t}, {n}, {glu}>", 1 if glu else mmvq_rows(n), _mmvq_groups, MMVQ_THREADS
 
 
-def _mmvq_kernel(t: int, n: int, glu: int) -> tuple:
-    name, rows, groups_for, threads = mmvq_choice(t, n, glu)
+def _mmvq_kernel(t: int, n: int, glu: int, weights: int) -> tuple:
+    name, rows, groups_for, threads = mmvq_choice(t, n, glu, weights)
     return kernel("mmvq", name), rows, groups_for, threads
 
 
@@ -221,7 +230,7 @@ def mmvq_launches(ws: list[GPUWeight], qs, ds, n: int, ys: list, glu: int = 0) -
     served = ws[:1] if glu else ws                    # GLU: each output row dots a gate row and an up row
     launches = []
     for j, nj in column_groups(t, n):
-        fn, rows, groups_for, threads = _mmvq_kernel(t, nj, glu)
+        fn, rows, groups_for, threads = _mmvq_kernel(t, nj, glu, sum(w.m for w in ws) * k)
         xs = (qs[j:j + nj], ds[j:j + nj], [y[j:j + nj] for y in ys])
         if groups_for is None:                        # mmvq_tc_q4_K: row blocks x k ranges, partial sums, counters
             row_blocks = sum((w.m + rows - 1) // rows for w in served)

@@ -4,7 +4,7 @@
 //   y  : [ncols, m] f32
 // Launch rule (dispatch.choose_path: quantized T, ncols <= 16, launch.column_groups cutting 9..16 columns into
 // launches of <= 8 except for Q4_K; Q4_K takes the kernels below: mmvq_q4_K_pairs at one column, mmvq_pieces at
-// 5..8, mmvq_mma_q4_K at 9..16): block
+// 5..8, mmvq_tc_q4_K at 9..16 and at 4..8 for large matrices (launch._use_tc)): block
 // of 128 threads in groups of 128/groups threads (groups = 1, 2 or 4: launch._mmvq_groups, by k and for the 4-bit
 // types by the launch's rows); each group serves mmvq_rows(NCOLS) consecutive rows (1 for one column,
 // where more blocks in flight matter most; 2 above, where reusing the activations matters), each thread takes every
@@ -583,11 +583,12 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 // activations of all NCOLS columns (NB = ceil(NCOLS / 8) B tiles of 8), with each chunk's d_x and d_x sum x, into
 // shared memory: every warp of the block, and every row, reads them there. Each warp then walks its tile's
 // super-blocks in order through its own ring of MMVQT_STAGES slots in shared memory (cp.async, past L1, the next
-// MMVQT_STAGES - 1 in flight while it computes one; with MMVQT_STAGES 0, the next one's share in registers: two
-// 16-byte headers and eight 8-byte quant words per lane). Per 32-value chunk: mma.m16n8k32 with the weights' nibbles as A and the
-// activations as B, the k order inside a chunk permuted alike in both (lane (g, t): quant bytes 8t..8t+7 of the
-// chunk's group, activation bytes 8t..8t+7 of the chunk); then per (row, column) the chunk's 6-bit scale times the
-// integer dot, to float, times d_x into the super-block's sum, which is scaled by d once. The mins' term, dmin * the
+// MMVQT_STAGES - 1 in flight while it computes one; 2 measured fastest of 2-4; with MMVQT_STAGES 0, the next one's
+// share in registers: two 16-byte headers and eight 8-byte quant words per lane). Per 32-value chunk: mma.m16n8k32
+// with the weights' nibbles as A and the activations as B, the k order inside a chunk permuted alike in both (lane
+// (g, t): quant bytes 8t..8t+7 of the chunk's group, activation bytes 8t..8t+7 of the chunk); then per (row,
+// column) the chunk's 6-bit scale times the integer dot, to float, times d_x into the super-block's sum, which is
+// scaled by d once. The mins' term, dmin * the
 // sum over chunks of m * (d_x sum x), is one more product per super-block on the tensor cores (mma.m16n8k8 tf32: the
 // 16 x 8 mins, exact, times the 8 x 8 activation sums as a tf32 high part plus the rest, 22 of their 24 bits).
 // With one k range the block writes y from its warps' sums; with more, each block stores its sums in part, and the
@@ -601,7 +602,7 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 #define MMVQT_MIN_BLOCKS 2                     // blocks per SM the registers must allow
 #endif
 #ifndef MMVQT_STAGES
-#define MMVQT_STAGES 3                         // super-blocks of a warp's tile in flight through its shared-memory ring
+#define MMVQT_STAGES 2                         // super-blocks of a warp's tile in flight through its shared-memory ring
 #endif                                         // (cp.async; 0: the next one in registers instead)
 #define MMVQT_ROW_LD 160                       // a ring row: one 144-byte block, padded (conflict-free 8-byte reads)
 
