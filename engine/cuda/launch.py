@@ -101,10 +101,11 @@ def _mmvqt_scratch(part_floats: int, row_blocks: int) -> tuple:
     return _tc_scratch[-1]
 
 
-MMA_TYPES = frozenset({12})                          # Q4_K: served by mmvq_mma_q4_K ...
+MMA_TYPES = frozenset({12})                          # Q4_K: served by mmvq_mma_q4_K where mmvq_tc_q4_K is not ...
 MMA_MIN_COLS = 9                                    # ... from this many columns (slower than the others at 1..8)
 MMVQM_WARPS = 16                                    # kernels/mmvq.cu: warps per mmvq_mma_q4_K block
-MMVQ_MAX_COLS = 16      # columns a mul_mat takes on MMVQ: mmvq_mma_q4_K in one launch, the other kernels 8 per launch
+MMVQ_MAX_COLS = 16      # columns a mul_mat takes on MMVQ: the Q4_K tensor-core kernels in one launch, the others 8 per
+                        # launch
 KERNEL_MAX_COLS = 8     # columns mmvq and mmvq_pieces take per launch
 
 
