@@ -177,3 +177,36 @@ def test_mmvq_column_groups(monkeypatch):
     assert column_groups(q4k, 9) == [(0, 8), (8, 1)]
     with pytest.raises(ValueError, match="1..16 columns"):
         column_groups(q6k, 17)
+
+
+def test_mmvqt_scratch_from_default_pool(monkeypatch):
+    """mmvq_tc_q4_K's scratch comes from CuPy's default pool (not a graph's private one), grows when a launch needs
+    more, and keeps the older buffers (captured graphs hold their addresses)."""
+    from engine.cuda import launch
+
+    class Pool:
+        def __init__(self):
+            self.sizes = []
+
+        def malloc(self, nbytes):
+            self.sizes.append(nbytes)
+            return f"ptr{len(self.sizes)}"
+
+    class Array:
+        def __init__(self, shape, dtype, memptr):
+            self.size, self.memptr, self.filled = shape[0], memptr, None
+
+        def fill(self, v):
+            self.filled = v
+
+    pool = Pool()
+    fake = type("cp", (), {"get_default_memory_pool": staticmethod(lambda: pool), "ndarray": Array,
+                           "float32": "f4", "int32": "i4"})
+    monkeypatch.setattr(launch, "_cp", lambda: fake)
+    monkeypatch.setattr(launch, "_tc_scratch", [])
+    part, counters = launch._mmvqt_scratch(1000, 10)
+    assert part.size == 1 << 20 and counters.size == 1 << 14 and counters.filled == 0
+    assert launch._mmvqt_scratch(5000, 20) == (part, counters)            # fits: the same buffers
+    part2, _ = launch._mmvqt_scratch(3 << 20, 20)
+    assert part2.size == 3 << 20 and len(launch._tc_scratch) == 2 and launch._tc_scratch[0][0] is part
+    assert pool.sizes == [4 << 14, 4 << 20, 4 << 14, 12 << 20]

@@ -93,11 +93,15 @@ _tc_scratch: list = []                  # (partial sums, counters) of mmvq_tc_q4
 
 def _mmvqt_scratch(part_floats: int, row_blocks: int) -> tuple:
     """A partial-sum buffer of at least part_floats floats and row_blocks zeroed counters (the kernel leaves them
-    zero), reused by every launch on the stream; a larger pair is made when needed, the old ones kept."""
+    zero), reused by every launch on the stream; a larger pair is made when needed, the old ones kept. Taken from
+    CuPy's default pool whatever allocator is current (a CUDA graph's private pool goes when its graph does)."""
     cp = _cp()
     if not _tc_scratch or _tc_scratch[-1][0].size < part_floats or _tc_scratch[-1][1].size < row_blocks:
+        pool = cp.get_default_memory_pool()
         size = max(part_floats, 1 << 20, 2 * _tc_scratch[-1][0].size if _tc_scratch else 0)
-        _tc_scratch.append((cp.empty(size, cp.float32), cp.zeros(max(row_blocks, 1 << 14), cp.int32)))
+        counters = cp.ndarray((max(row_blocks, 1 << 14),), cp.int32, pool.malloc(4 * max(row_blocks, 1 << 14)))
+        counters.fill(0)
+        _tc_scratch.append((cp.ndarray((size,), cp.float32, pool.malloc(4 * size)), counters))
     return _tc_scratch[-1]
 
 
