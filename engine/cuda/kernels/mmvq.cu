@@ -94,6 +94,16 @@ __device__ __forceinline__ MmvqGroup mmvq_group(const u8* w0, const u8* w1, cons
     return {lane, b, m, (b * groups + group) * OUT_ROWS, w, y};
 }
 
+// The weight rows a group dots: its OUT_ROWS rows from row0 of w, or with GLU those of the gate (w0) then of the up
+// matrix (w1); rows past m read row m - 1 (their sums are not written).
+template <int NR, int OUT_ROWS, int GLU>
+__device__ __forceinline__ void mmvq_row_ptrs(const u8* (&wr)[NR], const u8* w, const u8* w0, const u8* w1, int row0,
+                                              int m, long long row_bytes) {
+#pragma unroll
+    for (int r = 0; r < NR; ++r)
+        wr[r] = (GLU ? (r < OUT_ROWS ? w0 : w1) : w) + (long long)min(row0 + r % OUT_ROWS, m - 1) * row_bytes;
+}
+
 // Sum each group's per-thread sums acc[NR][NCOLS] over its threads (warp shuffles, then the group's warps through
 // partial) and write y[j][row] for the group's OUT_ROWS rows from row (b * groups + group) * OUT_ROWS; with GLU,
 // rows OUT_ROWS.. of acc are the up rows: y = act(gate) * up.
@@ -260,12 +270,8 @@ mmvq_pieces(MMVQ_PARAMS) {
     __shared__ float partial[NR][NCOLS][MMVQ_THREADS / 32];
     const int tpg = MMVQ_THREADS / groups;
     const auto [lane, b, m, row0, w, y] = mmvq_group<OUT_ROWS, GLU>(w0, w1, w2, y0, y1, y2, m0, m1, m2, groups);
-    const u8* wr[NR];                                 // rows past m read row m-1; their sums are not written
-#pragma unroll
-    for (int r = 0; r < NR; ++r) {
-        const int row = min(row0 + r % OUT_ROWS, m - 1);
-        wr[r] = (GLU ? (r < OUT_ROWS ? w0 : w1) : w) + (long long)row * row_bytes;
-    }
+    const u8* wr[NR];
+    mmvq_row_ptrs<NR, OUT_ROWS, GLU>(wr, w, w0, w1, row0, m, row_bytes);
     float acc[NR][NCOLS];
 #pragma unroll
     for (int r = 0; r < NR; ++r)
@@ -355,11 +361,8 @@ mmvq_q4_K_pairs(MMVQ_PARAMS) {
     __shared__ float partial[NR][NCOLS][MMVQ_THREADS / 32];
     const int tpg = MMVQ_THREADS / groups;
     const auto [lane, b, m, row0, w, y] = mmvq_group<OUT_ROWS, GLU>(w0, w1, w2, y0, y1, y2, m0, m1, m2, groups);
-    const u8* wr[NR];                                 // rows past m read row m-1; their sums are not written
-#pragma unroll
-    for (int r = 0; r < NR; ++r)
-        wr[r] = GLU ? (r == 0 ? w0 : w1) + (long long)row0 * row_bytes
-                    : w + (long long)min(row0 + r, m - 1) * row_bytes;
+    const u8* wr[NR];
+    mmvq_row_ptrs<NR, OUT_ROWS, GLU>(wr, w, w0, w1, row0, m, row_bytes);
     float acc[NR][NCOLS];
 #pragma unroll
     for (int r = 0; r < NR; ++r)
