@@ -737,8 +737,6 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
     if (!GLU) select_matrix(ROWS, w1, w2, y1, y2, m0, m1, m2, b, w, y, m);
     const int row0 = b * ROWS, tile0 = row0 + 16 * (GLU ? warp >> 1 : warp);
     if (GLU) w = warp & 1 ? w1 : w0;
-    const u8* const rows[2] = {w + (long long)min(tile0 + g, m - 1) * row_bytes,
-                               w + (long long)min(tile0 + g + 8, m - 1) * row_bytes};
     const bool live = tile0 < m;                                  // a tile past m computes nothing
 #if MMVQT_STAGES
     u8* ring = (u8*)(sums + MMVQT_WARPS * 16 * NCOLS) + warp * MMVQT_STAGES * 16 * MMVQT_ROW_LD;   // [STAGES][16][LD]
@@ -748,6 +746,8 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
             cp_async_commit();
         }
 #else
+    const u8* const rows[2] = {w + (long long)min(tile0 + g, m - 1) * row_bytes,
+                               w + (long long)min(tile0 + g + 8, m - 1) * row_bytes};
     Q4KTileRows buf[2];
     if (live && sb0 < sb1) q4k_tile_load(buf[0], rows, sb0, t);
 #endif
