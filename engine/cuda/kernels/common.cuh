@@ -55,6 +55,14 @@ __device__ __forceinline__ void mma_k32(int c[4], const int a[4], const int b[2]
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// mma_k32 with unsigned A (0..255: e.g. Q4 nibbles masked in place, low 0..15 or high 16 x 0..15)
+__device__ __forceinline__ void mma_k32_u8(int c[4], const int a[4], const int b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
 // c[0..3] += A (16 x 8 tf32, a[0..3]) * B (8 x 8 tf32, b0, b1) on the tensor cores, fp32 accumulation; lane 4g + t
 // holds a = {A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]}, b0 = B[t][g], b1 = B[t+4][g], c as mma_k32's
 __device__ __forceinline__ void mma_tf32_k8(float c[4], const float a[4], float b0, float b1) {
@@ -82,6 +90,12 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
 }
+// 16-byte asynchronous copy global -> shared-memory address dst (smem_addr)
+__device__ __forceinline__ void cp_async16_at(u32 dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+}
+// a release and acquire fence at GPU scope (with a relaxed atomic: a counter other blocks' sums are published by)
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 // hint: bring the line holding p into L1 (no register, no wait)
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }

@@ -583,17 +583,17 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 // 1..16 columns, plus a partial-sum scratch and one counter per row block; groups = the k ranges ("splits").
 // Block (x, z) serves 128 consecutive rows (with GLU: 64 rows of the gate and the up matrix) over k range z, one
 // 16-row tile per warp (GLU: warps 2i and 2i + 1 take tile i's gate and up rows). The block first copies its k range's
-// activations of all NCOLS columns (NB = ceil(NCOLS / 8) B tiles of 8), with each chunk's d_x and d_x sum x, into
-// shared memory: every warp of the block, and every row, reads them there. Each warp then walks its tile's
-// super-blocks in order through its own ring of MMVQT_STAGES slots in shared memory (cp.async, past L1, the next
-// MMVQT_STAGES - 1 in flight while it computes one; 2 measured fastest of 2-4; with MMVQT_STAGES 0, the next one's
-// share in registers: two 16-byte headers and eight 8-byte quant words per lane). Per 32-value chunk: mma.m16n8k32
-// with the weights' nibbles as A and the activations as B, the k order inside a chunk permuted alike in both (lane
-// (g, t): quant bytes 8t..8t+7 of the chunk's group, activation bytes 8t..8t+7 of the chunk); then per (row,
-// column) the chunk's 6-bit scale times the integer dot, to float, times d_x into the super-block's sum, which is
-// scaled by d once. The mins' term, dmin * the
-// sum over chunks of m * (d_x sum x), is one more product per super-block on the tensor cores (mma.m16n8k8 tf32: the
-// 16 x 8 mins, exact, times the 8 x 8 activation sums as a tf32 high part plus the rest, 22 of their 24 bits).
+// activations of all NCOLS columns (NB = ceil(NCOLS / 8) B tiles of 8) into shared memory (cp.async), with each
+// chunk's d_x and d_x sum x (their loads all in flight at once): every warp of the block, and every row, reads them
+// there. Each warp then walks its tile's super-blocks in order through its own ring of MMVQT_STAGES slots in shared
+// memory (cp.async, past L1, the next MMVQT_STAGES - 1 in flight while it computes one; 2 measured fastest of 2-4;
+// a lane's copy offsets computed once, Q4KTileStager). Per 32-value chunk: mma.m16n8k32 with the weights' nibbles
+// as A (unsigned, masked in place: the high nibbles as 16 q, their d_x stored over 16) and the activations as B, the
+// k order inside a chunk permuted alike in both (lane (g, t): quant bytes 8t..8t+7 of the chunk's group, activation
+// bytes 8t..8t+7 of the chunk); then per (row, column) the chunk's 6-bit scale times the integer dot, to float, times
+// d_x into the super-block's sum, which is scaled by d once. The mins' term, dmin * the sum over chunks of
+// m * (d_x sum x), is one more product per super-block on the tensor cores (mma.m16n8k8 tf32: the 16 x 8 mins, exact,
+// times the 8 x 8 activation sums as a tf32 high part plus the rest, 22 of their 24 bits).
 // With one k range the block writes y from its warps' sums; with more, each block stores its sums in part, and the
 // last of a row block's ranges to finish (counter) adds the ranges' sums in order z = 0, 1, ... and writes y (the
 // same sums in the same order every run), then resets the counter for the next launch.
@@ -606,21 +606,9 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 #endif
 #ifndef MMVQT_STAGES
 #define MMVQT_STAGES 2                         // super-blocks of a warp's tile in flight through its shared-memory ring
-#endif                                         // (cp.async; 0: the next one in registers instead)
+#endif
+#define MMVQT_MAX_RANGE 16                     // super-blocks of a k range at most (launch.MMVQT_MAX_RANGE)
 #define MMVQT_ROW_LD 160                       // a ring row: one 144-byte block, padded (conflict-free 8-byte reads)
-
-// 8 / 16 bytes from global memory not kept in L1 (weights: read once)
-__device__ __forceinline__ uint2 ld_stream2(const u8* p) {
-    uint2 v;
-    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-    return v;
-}
-__device__ __forceinline__ uint4 ld_stream4(const u8* p) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    return v;
-}
 
 // One lane's share of a 16-row tile's super-block: rows g and g + 8 (h = 0, 1)
 struct Q4KTileRows {
@@ -628,25 +616,28 @@ struct Q4KTileRows {
     uint2 q[2][4];          // [h][group] quant bytes 8t..8t+7 of each 32-byte group
 };
 
-__device__ __forceinline__ void q4k_tile_load(Q4KTileRows& r, const u8* const (&row)[2], int sb, int t) {
+// A lane's part in staging a super-block of a 16-row tile into a ring slot [16][MMVQT_ROW_LD]: the tile's 16 x 9
+// 16-byte pieces in row-major order, piece 32 i + lane for i < 5 (i = 4: lanes 0-15). Offsets from the tile's first
+// row (global; rows past m: row m - 1) and from the slot (shared) are the same for every super-block. (Measured: an
+// instruction's 32 pieces in ~4 rows, as here, against 16 rows x 2 pieces: 16.6 against 21.4 us at 4096 x 14336.)
+struct Q4KTileStager {
+    u32 src[5], dst[5];
+    __device__ __forceinline__ Q4KTileStager(int tile0, int m, long long row_bytes, int lane) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const u8* b = row[h] + (long long)sb * 144;
-        r.hd[h] = ld_stream4(b);
+        for (int i = 0; i < 5; ++i) {
+            const int e = min(32 * i + lane, 143), r = e / 9, pc = e - 9 * r;
+            src[i] = (u32)((min(tile0 + r, m - 1) - tile0) * row_bytes) + 16 * pc;
+            dst[i] = r * MMVQT_ROW_LD + 16 * pc;
+        }
+    }
+    // cp.async super-block sb (tile: the tile's first row) into the slot at shared address slot
+    __device__ __forceinline__ void stage(u32 slot, const u8* tile, int sb, int lane) const {
+        const u8* b = tile + (long long)sb * 144;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) r.q[h][j] = ld_stream2(b + 16 + 32 * j + 8 * t);
+        for (int i = 0; i < 4; ++i) cp_async16_at(slot + dst[i], b + src[i]);
+        if (lane < 16) cp_async16_at(slot + dst[4], b + src[4]);
     }
-}
-
-// cp.async super-block sb of the 16 rows from tile0 (past m: row m - 1) into a ring slot [16][MMVQT_ROW_LD]
-__device__ __forceinline__ void q4k_tile_stage(u8* slot, const u8* w, int tile0, int m, long long row_bytes, int sb,
-                                               int lane) {
-    for (int p = lane; p < 16 * 9; p += 32) {                     // 16-byte pieces: 9 per row
-        const int r = p / 9, piece = p - 9 * r;
-        cp_async16(slot + r * MMVQT_ROW_LD + 16 * piece,
-                   w + (long long)min(tile0 + r, m - 1) * row_bytes + (long long)sb * 144 + 16 * piece, 16);
-    }
-}
+};
 __device__ __forceinline__ void q4k_tile_read(Q4KTileRows& r, const u8* slot, int g, int t) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -659,7 +650,8 @@ __device__ __forceinline__ void q4k_tile_read(Q4KTileRows& r, const u8* slot, in
 
 // acc[nb][l] += the lane's four (row, column) dot products of a super-block: rows g + 8 (l >> 1), columns
 // 8 nb + 2t + (l & 1). The super-block's activations in shared memory: xq [chunk][8 NB][32] int8, dxs and sxs
-// [chunk][8 NB] d_x and d_x * sum x.
+// [chunk][8 NB] d_x (over 16 for the odd chunks, the high nibbles, which the mma takes in place: 16 x q) and
+// d_x * sum x.
 template <int NB>
 __device__ __forceinline__ void q4k_tile_dot(const Q4KTileRows& r, const signed char* xq, const float* dxs,
                                              const float* sxs, int g, int t, float (&acc)[NB][4]) {
@@ -695,9 +687,10 @@ __device__ __forceinline__ void q4k_tile_dot(const Q4KTileRows& r, const signed 
         for (int l = 0; l < 4; ++l) dsum[nb][l] = 0.f;
 #pragma unroll
     for (int c = 0; c < 8; ++c) {                                 // chunk c: group c / 2, low or high nibbles
-        const int j = c >> 1, sh = 4 * (c & 1);
-        const int a[4] = {(int)((r.q[0][j].x >> sh) & 0x0F0F0F0Fu), (int)((r.q[1][j].x >> sh) & 0x0F0F0F0Fu),
-                          (int)((r.q[0][j].y >> sh) & 0x0F0F0F0Fu), (int)((r.q[1][j].y >> sh) & 0x0F0F0F0Fu)};
+        const int j = c >> 1;
+        const u32 nib = c & 1 ? 0xF0F0F0F0u : 0x0F0F0F0Fu;
+        const int a[4] = {(int)(r.q[0][j].x & nib), (int)(r.q[1][j].x & nib), (int)(r.q[0][j].y & nib),
+                          (int)(r.q[1][j].y & nib)};
         const int s[2] = {(int)__byte_perm(sc[0][c >> 2], 0u, 0x4440u | (c & 3)),
                           (int)__byte_perm(sc[1][c >> 2], 0u, 0x4440u | (c & 3))};
 #pragma unroll
@@ -706,7 +699,7 @@ __device__ __forceinline__ void q4k_tile_dot(const Q4KTileRows& r, const signed 
             const float2 dx = *(const float2*)&dxs[c * 8 * NB + 8 * nb + 2 * t];     // columns 2t, 2t + 1
             const int bx[2] = {(int)bq.x, (int)bq.y};
             int dot[4] = {0, 0, 0, 0};
-            mma_k32(dot, a, bx);
+            mma_k32_u8(dot, a, bx);
 #pragma unroll
             for (int l = 0; l < 4; ++l)
                 dsum[nb][l] = fmaf(l & 1 ? dx.y : dx.x, (float)(s[l >> 1] * dot[l]), dsum[nb][l]);
@@ -725,12 +718,15 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
     constexpr int ROWS = GLU ? 64 : 128;                          // output rows per block
     const int splits = groups, z = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int nsb = k >> 8, per = (nsb + splits - 1) / splits, sb0 = z * per, sb1 = min(nsb, sb0 + per);
+    const int nsb = k >> 8, per = (nsb + splits - 1) / splits;    // per: the most super-blocks of a range
+    const int sb0 = z * per, count = min(per, nsb - sb0);         // range z: super-blocks sb0 .. sb0 + count - 1
+    constexpr int SLOT = 16 * MMVQT_ROW_LD;                       // a ring slot's bytes
     extern __shared__ float4 mmvqt_smem[];
     signed char* xq = (signed char*)mmvqt_smem;                   // [per * 8 chunks][C8][32] activations
-    float* dxs = (float*)(xq + per * 8 * C8 * 32);                // [per * 8][C8] d_x
+    float* dxs = (float*)(xq + per * 8 * C8 * 32);                // [per * 8][C8] d_x (odd chunks: d_x / 16)
     float* sxs = dxs + per * 8 * C8;                              // [per * 8][C8] d_x * sum x
     float* sums = sxs + per * 8 * C8;                             // [8 warps][16][NCOLS] the warps' tile sums
+    u8* ring = (u8*)(sums + MMVQT_WARPS * 16 * NCOLS) + warp * MMVQT_STAGES * SLOT;   // [STAGES][16][LD]
     int b = blockIdx.x, m = m0;
     const u8* w = w0;
     float* y = y0;
@@ -738,66 +734,59 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
     const int row0 = b * ROWS, tile0 = row0 + 16 * (GLU ? warp >> 1 : warp);
     if (GLU) w = warp & 1 ? w1 : w0;
     const bool live = tile0 < m;                                  // a tile past m computes nothing
-#if MMVQT_STAGES
-    u8* ring = (u8*)(sums + MMVQT_WARPS * 16 * NCOLS) + warp * MMVQT_STAGES * 16 * MMVQT_ROW_LD;   // [STAGES][16][LD]
-    if (live)
-        for (int i = 0; i < MMVQT_STAGES - 1; ++i) {
-            if (sb0 + i < sb1) q4k_tile_stage(ring + i * 16 * MMVQT_ROW_LD, w, tile0, m, row_bytes, sb0 + i, lane);
-            cp_async_commit();
-        }
-#else
-    const u8* const rows[2] = {w + (long long)min(tile0 + g, m - 1) * row_bytes,
-                               w + (long long)min(tile0 + g + 8, m - 1) * row_bytes};
-    Q4KTileRows buf[2];
-    if (live && sb0 < sb1) q4k_tile_load(buf[0], rows, sb0, t);
-#endif
-    const int chunk0 = sb0 * 8, chunks = (sb1 - sb0) * 8;
+    const Q4KTileStager stager(tile0, m, row_bytes, lane);
+    const u8* tile = w + (long long)tile0 * row_bytes;
+    const u32 ring_at = smem_addr(ring);
+    const int chunk0 = sb0 * 8, chunks = count * 8;
     for (int i = threadIdx.x; i < chunks * C8 * 2; i += blockDim.x) {         // 16-byte halves of (chunk, column)
         const int c = i / (C8 * 2), col = (i >> 1) % C8, half = i & 1;
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (col < NCOLS) v = *(const uint4*)(qs + (long long)col * k + (chunk0 + c) * 32 + 16 * half);
-        *(uint4*)(xq + (c * C8 + col) * 32 + 16 * half) = v;
+        signed char* dst = xq + (c * C8 + col) * 32 + 16 * half;
+        if (col < NCOLS) cp_async16_at(smem_addr(dst), qs + (long long)col * k + (chunk0 + c) * 32 + 16 * half);
+        else *(uint4*)dst = make_uint4(0u, 0u, 0u, 0u);
     }
-    for (int i = threadIdx.x; i < chunks * C8; i += blockDim.x) {
-        const int c = i / C8, col = i % C8;
-        float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (col < NCOLS) q = *(const float4*)(ds + (long long)col * (k >> 4) + 2 * (chunk0 + c));
-        dxs[i] = q.x;
-        sxs[i] = q.y + q.w;
+    cp_async_commit();                                            // the activations: the oldest group
+    if (live)
+        for (int i = 0; i < MMVQT_STAGES - 1; ++i) {
+            if (i < count) stager.stage(ring_at + i * SLOT, tile, sb0 + i, lane);
+            cp_async_commit();
+        }
+    constexpr int DS_MAX = (MMVQT_MAX_RANGE * 8 * C8 + MMVQT_WARPS * 32 - 1) / (MMVQT_WARPS * 32);
+    float4 dsq[DS_MAX];                                           // the lane's (chunk, column) d_x, sums: all loads
+#pragma unroll                                                    // in flight, then the stores
+    for (int e = 0; e < DS_MAX; ++e) {
+        const int i = threadIdx.x + e * blockDim.x, c = i / C8, col = i % C8;
+        dsq[e] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (i < chunks * C8 && col < NCOLS)
+            dsq[e] = *(const float4*)(ds + (long long)col * (k >> 4) + 2 * (chunk0 + c));
     }
+#pragma unroll
+    for (int e = 0; e < DS_MAX; ++e) {
+        const int i = threadIdx.x + e * blockDim.x, c = i / C8;
+        if (i < chunks * C8) {
+            dxs[i] = c & 1 ? dsq[e].x * 0.0625f : dsq[e].x;
+            sxs[i] = dsq[e].y + dsq[e].w;
+        }
+    }
+    if (live) cp_async_wait<MMVQT_STAGES - 1>();                  // this thread's activation copies have landed
+    else cp_async_wait_all();
     float acc[NB][4];
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
         for (int l = 0; l < 4; ++l) acc[nb][l] = 0.f;
     __syncthreads();
-#if MMVQT_STAGES
     if (live)
-        for (int s = sb0; s < sb1; ++s) {
-            const int i = s - sb0;
-            if (s + MMVQT_STAGES - 1 < sb1)                       // into the slot read at the step before
-                q4k_tile_stage(ring + (i + MMVQT_STAGES - 1) % MMVQT_STAGES * 16 * MMVQT_ROW_LD, w, tile0, m,
-                               row_bytes, s + MMVQT_STAGES - 1, lane);
+        for (int i = 0; i < count; ++i) {
+            const int ahead = i + MMVQT_STAGES - 1;               // into the slot read at the step before
+            if (ahead < count) stager.stage(ring_at + ahead % MMVQT_STAGES * SLOT, tile, sb0 + ahead, lane);
             cp_async_commit();
-            cp_async_wait<MMVQT_STAGES - 1>();                    // super-block s has landed
+            cp_async_wait<MMVQT_STAGES - 1>();                    // super-block i has landed
             __syncwarp();
             Q4KTileRows r;
-            q4k_tile_read(r, ring + i % MMVQT_STAGES * 16 * MMVQT_ROW_LD, g, t);
+            q4k_tile_read(r, ring + i % MMVQT_STAGES * SLOT, g, t);
             q4k_tile_dot<NB>(r, xq + i * 8 * C8 * 32, dxs + i * 8 * C8, sxs + i * 8 * C8, g, t, acc);
             __syncwarp();
         }
-#else
-    if (live) {
-        for (int s = sb0; s < sb1; s += 2) {                      // two super-blocks per pass: buf 0, then buf 1
-            const int c0 = (s - sb0) * 8;
-            if (s + 1 < sb1) q4k_tile_load(buf[1], rows, s + 1, t);
-            q4k_tile_dot<NB>(buf[0], xq + c0 * C8 * 32, dxs + c0 * C8, sxs + c0 * C8, g, t, acc);
-            if (s + 1 >= sb1) break;
-            if (s + 2 < sb1) q4k_tile_load(buf[0], rows, s + 2, t);
-            q4k_tile_dot<NB>(buf[1], xq + (c0 + 8) * C8 * 32, dxs + (c0 + 8) * C8, sxs + (c0 + 8) * C8, g, t, acc);
-        }
-    }
-#endif
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
@@ -812,32 +801,54 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
     if (splits > 1) {
         float* mine = part + ((long long)blockIdx.x * splits + z) * P;
         for (int i = threadIdx.x; i < P; i += blockDim.x) mine[i] = sums[i];
-        __threadfence();
+        fence_acq_rel_gpu();                                      // the sums before the count (release)
         __syncthreads();
         __shared__ int last;
         if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.x], 1) == splits - 1;
         __syncthreads();
         if (!last) return;
-        __threadfence();
+        fence_acq_rel_gpu();                                      // the other ranges' sums after it (acquire)
         if (threadIdx.x == 0) counters[blockIdx.x] = 0;
         src = part + (long long)blockIdx.x * splits * P;
         zstride = P;
     }
-    for (int idx = threadIdx.x; idx < ROWS * NCOLS; idx += blockDim.x) {
-        const int rr = idx / NCOLS, j = idx % NCOLS, tile = rr >> 4, r = rr & 15;
-        const int slot = GLU ? 2 * tile : tile;                   // the warp that computed the row (GLU: its gate)
-        float a = 0.f, up = 0.f;
-        for (int q = 0; q < splits; ++q) {
-            const float* sz = src + q * zstride;
-            const float* v = sz + (slot * 16 + r) * NCOLS + j;
-            a += splits > 1 ? __ldcg(v) : *v;
-            if (GLU) {
-                const float* u = sz + ((slot + 1) * 16 + r) * NCOLS + j;
-                up += splits > 1 ? __ldcg(u) : *u;
+    constexpr int OUTS = (ROWS * NCOLS + MMVQT_WARPS * 32 - 1) / (MMVQT_WARPS * 32);   // outputs per thread
+    constexpr int BATCH = OUTS < 4 ? OUTS : 4;                    // outputs whose ranges' loads go together
+#pragma unroll
+    for (int o0 = 0; o0 < OUTS; o0 += BATCH) {
+        float a[BATCH], up[BATCH];
+#pragma unroll
+        for (int u = 0; u < BATCH; ++u) a[u] = up[u] = 0.f;
+        for (int q0 = 0; q0 < splits; q0 += 8) {                  // 8 ranges x BATCH outputs in flight, then added
+            float va[BATCH][8], vu[BATCH][8];                     // in order
+#pragma unroll
+            for (int u = 0; u < BATCH; ++u) {
+                const int idx = threadIdx.x + (o0 + u) * blockDim.x, rr = idx / NCOLS, j = idx % NCOLS;
+                const int slot = GLU ? 2 * (rr >> 4) : rr >> 4;   // the warp that computed the row (GLU: its gate)
+                const float* v = src + (slot * 16 + (rr & 15)) * NCOLS + j;   // range 0's sum (GLU: + 16 NCOLS, up's)
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    if (idx < ROWS * NCOLS && q0 + e < splits) {
+                        const float* p = v + (q0 + e) * zstride;
+                        va[u][e] = splits > 1 ? __ldcg(p) : *p;
+                        if (GLU) vu[u][e] = splits > 1 ? __ldcg(p + 16 * NCOLS) : p[16 * NCOLS];
+                    }
             }
+#pragma unroll
+            for (int u = 0; u < BATCH; ++u)
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    if (q0 + e < splits) {
+                        a[u] += va[u][e];
+                        if (GLU) up[u] += vu[u][e];
+                    }
         }
-        if (GLU) a = glu_act(GLU, a) * up;
-        if (row0 + rr < m) y[(long long)j * m + row0 + rr] = a;
+#pragma unroll
+        for (int u = 0; u < BATCH; ++u) {
+            const int idx = threadIdx.x + (o0 + u) * blockDim.x, rr = idx / NCOLS, j = idx % NCOLS;
+            const float v = GLU ? glu_act(GLU, a[u]) * up[u] : a[u];
+            if (idx < ROWS * NCOLS && row0 + rr < m) y[(long long)j * m + row0 + rr] = v;
+        }
     }
 }
 
