@@ -54,7 +54,7 @@ def test_activation_forms_follow_the_last_array():
 
 
 def test_mmvq_kernel_choice(monkeypatch):
-    """Q4_K takes mmvq_q4_K_pairs at one column, mmvq at 2-4 and mmvq_pieces at 5-8, mmvq_tc_q4_K at 9-16 and from 4
+    """Q4_K takes mmvq_q4_K_pairs at one column, mmvq at 2-4 and mmvq_pieces at 5-8, mmvq_tc_q4_K at 9-16 and from 3
     columns for large matrices; ENGINE_MMVQ_PAIRS / _PIECES / _MMA / _TC choose a kernel."""
     from engine.cuda.launch import mmvq_choice
     q4k, q6k = int(GGMLType.Q4_K), int(GGMLType.Q6_K)
@@ -66,7 +66,7 @@ def test_mmvq_kernel_choice(monkeypatch):
     assert mmvq_choice(q4k, 1, 1)[:2] == ("mmvq_q4_K_pairs<1, 1>", 1)     # GLU: a gate row and an up row
     big = 4096 * 14336
     assert [mmvq_choice(q4k, n, 0, big)[0].split("<")[0] for n in range(1, 17)] == (
-        ["mmvq_q4_K_pairs"] + ["mmvq"] * 2 + ["mmvq_tc_q4_K"] * 13)
+        ["mmvq_q4_K_pairs"] + ["mmvq"] + ["mmvq_tc_q4_K"] * 14)
     assert [mmvq_choice(q4k, n, 0, 4096 * 4096)[0].split("<")[0] for n in (3, 4, 8, 9, 16)] == (
         ["mmvq", "mmvq", "mmvq_pieces", "mmvq_tc_q4_K", "mmvq_tc_q4_K"])
     assert mmvq_choice(q6k, 8, 0, big)[0] == "mmvq<14, 8, 0>"

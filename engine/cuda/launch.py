@@ -39,13 +39,14 @@ def mmvq2_rows(ncols: int) -> int:
     return 2
 
 
-# Q4_K's mmvq_tc_q4_K: at 9..16 columns (in place of mmvq_mma_q4_K: 29.1 against 56.5 us at 4096 x 14336, n = 16),
+# Q4_K's mmvq_tc_q4_K: at 9..16 columns (in place of mmvq_mma_q4_K: 27.5 against 56.5 us at 4096 x 14336, n = 16),
 # and from TC_MIN_COLS columns where the launch reads at least TC_MIN_WEIGHTS weights (H200, graph-timed,
-# BENCHMARKS.md tenth session: 4096 x 14336 and 14336 x 4096 at n = 4..8 18.2-20.6 us against mmvq / mmvq_pieces'
-# 20.1-32.1; at n = 2-3 and at <= 16.7 M weights (4096 x 4096, 8192 x 2048, ...) the older kernels are faster).
+# BENCHMARKS.md eleventh session: 4096 x 14336 and 14336 x 4096 at n = 3..8 16.4-19.6 us against mmvq's
+# 18.0-37.0; at n = 2 faster at the first shape only (16.0 against 16.4, 17.7 against 15.0), and at <= 16.7 M
+# weights (4096 x 4096, 8192 x 2048, ...) mmvq is faster at every n up to 8).
 TC_TYPES = frozenset({12})
 TC_ALL_COLS = 9
-TC_MIN_COLS = 4
+TC_MIN_COLS = 3
 TC_MIN_WEIGHTS = 32 << 20
 MMVQT_WARPS = 8                                     # kernels/mmvq.cu: warps (16-row tiles) per mmvq_tc_q4_K block
 MMVQT_BLOCKS_PER_SM = 2                             # its blocks an SM holds (128 registers per thread)
