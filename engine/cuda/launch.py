@@ -242,7 +242,7 @@ def mmvq_launches(ws: list[GPUWeight], qs, ds, n: int, ys: list, glu: int = 0) -
             row_blocks = sum((w.m + rows - 1) // rows for w in served)
             splits = mmvqt_splits(row_blocks, k)
             smem = mmvqt_smem_bytes(k, nj, splits)
-            part, counters = _mmvqt_scratch(row_blocks * splits * 128 * nj, row_blocks)
+            part, counters = _mmvqt_scratch(row_blocks * splits * mmvqt_rows(0) * nj, row_blocks)
             launches.append((functools.partial(_with_smem(fn, smem), shared_mem=smem), (row_blocks, splits),
                              (32 * MMVQT_WARPS,), mmvq_args(ws, *xs, splits, bool(glu)) + (part, counters)))
             continue

@@ -119,7 +119,7 @@ mmq(const u8* __restrict__ w, const signed char* __restrict__ qs, const float2* 
         const int buf = (st - st0) & 1;
         if (st + 1 < st1) mmq_load_stage<T>(w, qs, ds, smem, buf ^ 1, st + 1, row0, col0, m, k, row_bytes);
         cp_async_commit();
-        cp_async_wait_one();
+        cp_async_wait<1>();
         __syncthreads();
         // ---- unpack this stage's raw weight blocks (smem -> smem), one chunk per thread per pass
         const u8* raw = smem + SM_RAW + buf * MMQ_BM * MMQ_RAW_LD;
@@ -307,7 +307,7 @@ mmq_q4_K(const u8* __restrict__ w, const signed char* __restrict__ qs, const flo
             mmq_q4_K_load_stage(w, qs, ds, mmqk_smem + ((st + 1 - st0) & 1) * MMQK_STAGE_BYTES, st + 1, row0, col0,
                                 m, k, row_bytes);
         cp_async_commit();
-        cp_async_wait_one();
+        cp_async_wait<1>();
         __syncthreads();
         if (MMQK_SCALE_TABLE) {
 #pragma unroll

@@ -4,7 +4,7 @@
 //   y  : [ncols, m] f32
 // Launch rule (dispatch.choose_path: quantized T, ncols <= 16, launch.column_groups cutting 9..16 columns into
 // launches of <= 8 except for Q4_K; Q4_K takes the kernels below: mmvq_q4_K_pairs at one column, mmvq_pieces at
-// 5..8, mmvq_tc_q4_K at 9..16 and at 4..8 for large matrices (launch._use_tc)): block
+// 5..8, mmvq_tc_q4_K at 9..16 and at 3..8 for large matrices (launch._use_tc)): block
 // of 128 threads in groups of 128/groups threads (groups = 1, 2 or 4: launch._mmvq_groups, by k and for the 4-bit
 // types by the launch's rows); each group serves mmvq_rows(NCOLS) consecutive rows (1 for one column,
 // where more blocks in flight matter most; 2 above, where reusing the activations matters), each thread takes every
@@ -715,7 +715,7 @@ template <int NCOLS, int GLU>
 __global__ void __launch_bounds__(MMVQT_WARPS * 32, MMVQT_MIN_BLOCKS)
 mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) {
     constexpr int NB = (NCOLS + 7) / 8, C8 = 8 * NB;              // C8: the B tiles' columns
-    constexpr int ROWS = GLU ? 64 : 128;                          // output rows per block
+    constexpr int ROWS = 16 * MMVQT_WARPS / (GLU ? 2 : 1);        // output rows per block (launch.mmvqt_rows)
     const int splits = groups, z = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int nsb = k >> 8, per = (nsb + splits - 1) / splits;    // per: the most super-blocks of a range
