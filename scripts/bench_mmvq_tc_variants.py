@@ -40,6 +40,11 @@ def main():
         for v in variants:
             defines = dict(d.split("=") for d in v.split(",") if d)
             bps = int(defines.pop("BPS", blocks_per_sm))
+            splits = defines.pop("SPLITS", None)               # not a -D either: the k ranges asked for
+            if splits:
+                os.environ["ENGINE_MMVQ_TC_SPLITS"] = splits
+            else:
+                os.environ.pop("ENGINE_MMVQ_TC_SPLITS", None)
             mod = cp.RawModule(code=expanded_source("mmvq"), name_expressions=[f"mmvq_tc_q4_K<{n}, 0>" for n in NS],
                                options=NVRTC_OPTIONS + tuple(f"-D{a}={b}" for a, b in defines.items()) + (
                                    "-DMMVQ_SKIP_MMA", "-DMMVQ_ONLY_TYPE=12"))
@@ -62,6 +67,7 @@ def main():
                     f, grid, block, args = plans[id(wi)]
                     f(grid, block, args)
                 launch.MMVQT_BLOCKS_PER_SM = blocks_per_sm
+                os.environ.pop("ENGINE_MMVQ_TC_SPLITS", None)
                 ref = launch.mmvq(ws[0], qs, ds, n).get()
                 call(ws[0])
                 same = np.allclose(out.get(), ref, rtol=1e-4, atol=1e-3)

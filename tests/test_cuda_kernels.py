@@ -156,7 +156,8 @@ def test_q4_K_mmvq_kernels_every_ncols(monkeypatch, kernel):
     monkeypatch.setenv("ENGINE_MMVQ_PAIRS", "1" if kernel == "pairs" else "0")
     ncols = range(1, launch.PAIRS_MAX_COLS + 1) if kernel == "pairs" else range(1, 17)
     rng = np.random.default_rng()
-    for m, k in shapes(GGMLType.Q4_K) + [(37, 8192)]:          # k = 8192: one group of 128 threads per row
+    # k = 8192: one group of 128 threads per row; k = 256: one super-block per row (the tiny models' q/k/v, gate, up)
+    for m, k in shapes(GGMLType.Q4_K) + [(37, 8192), (21, 256)]:
         (w, rw), (wk, rk), (wv, rv), (wu, ru) = (random_weight(GGMLType.Q4_K, rows, k, rng)
                                                  for rows in (m, m // 2 + 3, 21, m))
         for n in ncols:

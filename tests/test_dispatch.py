@@ -55,7 +55,7 @@ def test_activation_forms_follow_the_last_array():
 
 def test_mmvq_kernel_choice(monkeypatch):
     """Q4_K takes mmvq_q4_K_pairs at one column, mmvq at 2-4 and mmvq_pieces at 5-8, mmvq_tc_q4_K at 9-16 and from 3
-    columns for large matrices; ENGINE_MMVQ_PAIRS / _PIECES / _MMA / _TC choose a kernel."""
+    columns for large matrices (2 for long rows); ENGINE_MMVQ_PAIRS / _PIECES / _MMA / _TC choose a kernel."""
     from engine.cuda.launch import mmvq_choice
     q4k, q6k = int(GGMLType.Q4_K), int(GGMLType.Q6_K)
     for var in ("ENGINE_MMVQ_TC", "ENGINE_MMVQ_PIECES", "ENGINE_MMVQ_MMA", "ENGINE_MMVQ_PAIRS"):
@@ -69,6 +69,10 @@ def test_mmvq_kernel_choice(monkeypatch):
         ["mmvq_q4_K_pairs"] + ["mmvq"] + ["mmvq_tc_q4_K"] * 14)
     assert [mmvq_choice(q4k, n, 0, 4096 * 4096)[0].split("<")[0] for n in (3, 4, 8, 9, 16)] == (
         ["mmvq", "mmvq", "mmvq_pieces", "mmvq_tc_q4_K", "mmvq_tc_q4_K"])
+    # at 2 columns where k >= 2 x the rows (4096 x 14336), not 14336 x 4096 or a 4096 x 4096 launch
+    assert mmvq_choice(q4k, 2, 0, big, 14336)[0] == "mmvq_tc_q4_K<2, 0>"
+    assert mmvq_choice(q4k, 2, 0, big, 4096)[0] == mmvq_choice(q4k, 2, 0, 4096 * 4096, 4096)[0] == "mmvq<12, 2, 0>"
+    assert mmvq_choice(q4k, 1, 0, big, 14336)[0] == "mmvq_q4_K_pairs<1, 0>"
     assert mmvq_choice(q6k, 8, 0, big)[0] == "mmvq<14, 8, 0>"
     monkeypatch.setenv("ENGINE_MMVQ_PAIRS", "0")
     assert mmvq_choice(q4k, 1, 0)[0] == "mmvq<12, 1, 0>"

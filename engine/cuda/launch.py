@@ -42,24 +42,29 @@ def mmvq2_rows(ncols: int) -> int:
 # Q4_K's mmvq_tc_q4_K: at 9..16 columns (in place of mmvq_mma_q4_K: 27.5 against 56.5 us at 4096 x 14336, n = 16),
 # and from TC_MIN_COLS columns where the launch reads at least TC_MIN_WEIGHTS weights (H200, graph-timed,
 # BENCHMARKS.md eleventh session: 4096 x 14336 and 14336 x 4096 at n = 3..8 16.4-19.6 us against mmvq's
-# 18.0-37.0; at n = 2 faster at the first shape only (16.0 against 16.4, 17.7 against 15.0), and at <= 16.7 M
-# weights (4096 x 4096, 8192 x 2048, ...) mmvq is faster at every n up to 8).
+# 18.0-37.0; at <= 16.7 M weights (4096 x 4096, 8192 x 2048, ...) mmvq is faster at every n up to 8). At 2 columns
+# only where k >= TC_2COL_K_PER_ROW x the rows (twelfth session: 4096 x 14336 14.5 against mmvq's 16.0-16.4 us;
+# 14336 x 4096 15.6-16.9 against 15.0).
 TC_TYPES = frozenset({12})
 TC_ALL_COLS = 9
 TC_MIN_COLS = 3
 TC_MIN_WEIGHTS = 32 << 20
+TC_2COL_K_PER_ROW = 2
 MMVQT_WARPS = 8                                     # kernels/mmvq.cu: warps (16-row tiles) per mmvq_tc_q4_K block
 MMVQT_BLOCKS_PER_SM = 2                             # its blocks an SM holds (128 registers per thread)
 MMVQT_MAX_RANGE = 16                                # super-blocks per k range at most (its shared memory)
 
 
-def _use_tc(t: int, n: int, weights: int = 0) -> bool:
-    """ENGINE_MMVQ_TC: unset = TC_TYPES at >= TC_ALL_COLS columns, or >= TC_MIN_COLS where the launch reads >=
-    TC_MIN_WEIGHTS weights (weights: its matrices' rows x k); 'all' = at every n, '0' = never."""
+def _use_tc(t: int, n: int, weights: int = 0, k: int = 0) -> bool:
+    """ENGINE_MMVQ_TC: unset = TC_TYPES at >= TC_ALL_COLS columns, or >= TC_MIN_COLS (2 where k >= TC_2COL_K_PER_ROW
+    x the rows) where the launch reads >= TC_MIN_WEIGHTS weights (weights: its matrices' rows x k); 'all' = at every
+    n, '0' = never."""
     mode = os.environ.get("ENGINE_MMVQ_TC", "")
     if t not in TC_TYPES or mode == "0":
         return False
-    return mode == "all" or n >= TC_ALL_COLS or (n >= TC_MIN_COLS and weights >= TC_MIN_WEIGHTS)
+    long_rows = k > 0 and k * k >= TC_2COL_K_PER_ROW * weights               # k >= 2 x (weights / k) rows
+    min_cols = 2 if long_rows else TC_MIN_COLS
+    return mode == "all" or n >= TC_ALL_COLS or (n >= min_cols and weights >= TC_MIN_WEIGHTS)
 
 
 def mmvqt_rows(glu: int) -> int:
@@ -78,15 +83,17 @@ def mmvqt_splits(row_blocks: int, k: int) -> int:
     return -(-nsb // per)
 
 
-MMVQT_STAGES = 2                                    # kernels/mmvq.cu: its warps' ring slots of 16 x 160 bytes
+MMVQT_STAGES = 2                                    # kernels/mmvq.cu: super-blocks in flight per warp + 1
 
 
 def mmvqt_smem_bytes(k: int, ncols: int, splits: int, stages: int = MMVQT_STAGES) -> int:
     """kernels/mmvq.cu mmvq_tc_q4_K's dynamic shared memory: its k range's activations (32 bytes per chunk and
-    column of its B tiles) with their d_x and d_x sum x, the warps' tile sums, then the warps' weight rings."""
+    column of its B tiles) with their d_x and d_x sum x, the warps' tile sums, then the warps' windows of 4 lines
+    per row (8 above two stages) of 128 bytes, padded by 16."""
     nsb = k // 256
     chunks, cols = -(-nsb // splits) * 8, (ncols + 7) // 8 * 8
-    return chunks * cols * (32 + 8) + MMVQT_WARPS * 16 * ncols * 4 + MMVQT_WARPS * stages * 16 * 160
+    window = 16 * (128 * (4 if stages <= 2 else 8) + 16)
+    return chunks * cols * (32 + 8) + MMVQT_WARPS * 16 * ncols * 4 + MMVQT_WARPS * window
 
 
 _tc_scratch: list = []                  # (partial sums, counters) of mmvq_tc_q4_K, kept: graphs hold their addresses
@@ -183,11 +190,11 @@ def _one_group(t: int, m: int, k: int) -> int:
     return 1
 
 
-def mmvq_choice(t: int, n: int, glu: int, weights: int = 0) -> tuple:
+def mmvq_choice(t: int, n: int, glu: int, weights: int = 0, k: int = 0) -> tuple:
     """(kernel name, output rows per group, groups function, threads per block) of the MMVQ kernel for type t at n
     columns (glu: 0, or 1 / 2 for the silu / gelu epilogue) in a launch reading `weights` weights (rows x k). For
     mmvq_tc_q4_K: its rows per block, no groups function and no threads (mmvq_launches has its launch rule)."""
-    if _use_tc(t, n, weights):
+    if _use_tc(t, n, weights, k):
         return f"mmvq_tc_q4_K<{n}, {glu}>", mmvqt_rows(glu), None, None
     if _use_mma(t, n):
         return f"mmvq_mma_q4_K<{n}, {glu}>", 16, _one_group, 32 * MMVQM_WARPS
@@ -198,8 +205,8 @@ def mmvq_choice(t: int, n: int, glu: int, weights: int = 0) -> tuple:
     return f"mmvq<{t}, {n}, {glu}>", 1 if glu else mmvq_rows(n), _mmvq_groups, MMVQ_THREADS
 
 
-def _mmvq_kernel(t: int, n: int, glu: int, weights: int) -> tuple:
-    name, rows, groups_for, threads = mmvq_choice(t, n, glu, weights)
+def _mmvq_kernel(t: int, n: int, glu: int, weights: int, k: int) -> tuple:
+    name, rows, groups_for, threads = mmvq_choice(t, n, glu, weights, k)
     return kernel("mmvq", name), rows, groups_for, threads
 
 
@@ -236,7 +243,7 @@ def mmvq_launches(ws: list[GPUWeight], qs, ds, n: int, ys: list, glu: int = 0) -
     served = ws[:1] if glu else ws                    # GLU: each output row dots a gate row and an up row
     launches = []
     for j, nj in column_groups(t, n):
-        fn, rows, groups_for, threads = _mmvq_kernel(t, nj, glu, sum(w.m for w in ws) * k)
+        fn, rows, groups_for, threads = _mmvq_kernel(t, nj, glu, sum(w.m for w in ws) * k, k)
         xs = (qs[j:j + nj], ds[j:j + nj], [y[j:j + nj] for y in ys])
         if groups_for is None:                        # mmvq_tc_q4_K: row blocks x k ranges, partial sums, counters
             row_blocks = sum((w.m + rows - 1) // rows for w in served)

@@ -94,6 +94,10 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_b
 __device__ __forceinline__ void cp_async16_at(u32 dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
 }
+// the same, reading src_bytes (0 or 16) of src and zero-filling the rest
+__device__ __forceinline__ void cp_async16_at(u32 dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
 // a release and acquire fence at GPU scope (with a relaxed atomic: a counter other blocks' sums are published by)
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 // hint: bring the line holding p into L1 (no register, no wait)

@@ -4,7 +4,7 @@
 //   y  : [ncols, m] f32
 // Launch rule (dispatch.choose_path: quantized T, ncols <= 16, launch.column_groups cutting 9..16 columns into
 // launches of <= 8 except for Q4_K; Q4_K takes the kernels below: mmvq_q4_K_pairs at one column, mmvq_pieces at
-// 5..8, mmvq_tc_q4_K at 9..16 and at 3..8 for large matrices (launch._use_tc)): block
+// 5..8, mmvq_tc_q4_K at 9..16 and at 3..8 (2..8 for long rows) for large matrices (launch._use_tc)): block
 // of 128 threads in groups of 128/groups threads (groups = 1, 2 or 4: launch._mmvq_groups, by k and for the 4-bit
 // types by the launch's rows); each group serves mmvq_rows(NCOLS) consecutive rows (1 for one column,
 // where more blocks in flight matter most; 2 above, where reusing the activations matters), each thread takes every
@@ -585,15 +585,17 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 // 16-row tile per warp (GLU: warps 2i and 2i + 1 take tile i's gate and up rows). The block first copies its k range's
 // activations of all NCOLS columns (NB = ceil(NCOLS / 8) B tiles of 8) into shared memory (cp.async), with each
 // chunk's d_x and d_x sum x (their loads all in flight at once): every warp of the block, and every row, reads them
-// there. Each warp then walks its tile's super-blocks in order through its own ring of MMVQT_STAGES slots in shared
-// memory (cp.async, past L1, the next MMVQT_STAGES - 1 in flight while it computes one; 2 measured fastest of 2-4;
-// a lane's copy offsets computed once, Q4KTileStager). Per 32-value chunk: mma.m16n8k32 with the weights' nibbles
-// as A (unsigned, masked in place: the high nibbles as 16 q, their d_x stored over 16) and the activations as B, the
-// k order inside a chunk permuted alike in both (lane (g, t): quant bytes 8t..8t+7 of the chunk's group, activation
-// bytes 8t..8t+7 of the chunk); then per (row, column) the chunk's 6-bit scale times the integer dot, to float, times
-// d_x into the super-block's sum, which is scaled by d once. The mins' term, dmin * the sum over chunks of
-// m * (d_x sum x), is one more product per super-block on the tensor cores (mma.m16n8k8 tf32: the 16 x 8 mins, exact,
-// times the 8 x 8 activation sums as a tf32 high part plus the rest, 22 of their 24 bits).
+// there. Each warp then walks its tile's super-blocks in order, staging its 16 rows' 128-byte lines (cp.async, past L1;
+// each instruction copies 4 whole lines) into its own window of MMVQT_WIN lines per row in shared memory, the lines of
+// the next MMVQT_STAGES - 1 super-blocks in flight while it computes one (2 measured fastest of 2-4; whole lines
+// measured 0.5-1.3 us faster than one 144-byte super-block per ring slot at 4096 x 14336). Per 32-value chunk:
+// mma.m16n8k32 with the weights' nibbles as A (unsigned, masked in place: the high nibbles as 16 q, their d_x stored
+// over 16) and the activations as B, the k order inside a chunk permuted alike in both (lane (g, t): quant bytes
+// 8t..8t+7 of the chunk's group, activation bytes 8t..8t+7 of the chunk); then per (row, column) the chunk's 6-bit
+// scale times the integer dot, to float, times d_x into the super-block's sum, which is scaled by d once. The mins'
+// term, dmin * the sum over chunks of m * (d_x sum x), is one more product per super-block on the tensor cores
+// (mma.m16n8k8 tf32: the 16 x 8 mins, exact, times the 8 x 8 activation sums as a tf32 high part plus the rest, 22 of
+// their 24 bits).
 // With one k range the block writes y from its warps' sums; with more, each block stores its sums in part, and the
 // last of a row block's ranges to finish (counter) adds the ranges' sums in order z = 0, 1, ... and writes y (the
 // same sums in the same order every run), then resets the counter for the next launch.
@@ -605,10 +607,37 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 #define MMVQT_MIN_BLOCKS 2                     // blocks per SM the registers must allow
 #endif
 #ifndef MMVQT_STAGES
-#define MMVQT_STAGES 2                         // super-blocks of a warp's tile in flight through its shared-memory ring
+#define MMVQT_STAGES 2                         // super-blocks of a warp's tile in flight (their lines) + 1
 #endif
 #define MMVQT_MAX_RANGE 16                     // super-blocks of a k range at most (launch.MMVQT_MAX_RANGE)
-#define MMVQT_ROW_LD 160                       // a ring row: one 144-byte block, padded (conflict-free 8-byte reads)
+
+#define MMVQT_WIN (MMVQT_STAGES > 2 ? 8 : 4)   // lines per window row (holds MMVQT_STAGES super-blocks' lines)
+#define MMVQT_WIN_LD (128 * MMVQT_WIN + 16)    // a window row's bytes, padded (conflict-free 8-byte reads)
+
+// A lane's part in staging 128-byte lines of a 16-row tile into its window [16][MMVQT_WIN_LD] (line l in window
+// line l % MMVQT_WIN): piece lane & 7 of rows 4j + lane / 8, so each cp.async instruction copies 4 whole lines.
+struct Q4KLineStager {
+    u32 src[4], dst[4];
+    int row_bytes;
+    __device__ __forceinline__ Q4KLineStager(int tile0, int m, long long rb, int lane) : row_bytes((int)rb) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int r = 4 * j + (lane >> 3), p = lane & 7;
+            src[j] = (u32)((min(tile0 + r, m - 1) - tile0) * rb) + 16 * p;
+            dst[j] = r * MMVQT_WIN_LD + 16 * p;
+        }
+    }
+    // cp.async line l of each row (pieces past the row's end: zeros, nothing read) into the window at win
+    __device__ __forceinline__ void line(u32 win, const u8* tile, int l, int lane) const {
+        const bool in = 128 * l + 16 * (lane & 7) < row_bytes;
+        const u8* b = tile + (in ? 128 * l : 0);
+        const u32 w = win + 128 * (l & (MMVQT_WIN - 1));
+#pragma unroll
+        for (int j = 0; j < 4; ++j) cp_async16_at(w + dst[j], b + src[j], in ? 16 : 0);
+    }
+};
+__device__ __forceinline__ int q4k_first_line(int sb) { return (144 * sb) >> 7; }
+__device__ __forceinline__ int q4k_last_line(int sb) { return (144 * sb + 143) >> 7; }
 
 // One lane's share of a 16-row tile's super-block: rows g and g + 8 (h = 0, 1)
 struct Q4KTileRows {
@@ -616,35 +645,15 @@ struct Q4KTileRows {
     uint2 q[2][4];          // [h][group] quant bytes 8t..8t+7 of each 32-byte group
 };
 
-// A lane's part in staging a super-block of a 16-row tile into a ring slot [16][MMVQT_ROW_LD]: the tile's 16 x 9
-// 16-byte pieces in row-major order, piece 32 i + lane for i < 5 (i = 4: lanes 0-15). Offsets from the tile's first
-// row (global; rows past m: row m - 1) and from the slot (shared) are the same for every super-block. (Measured: an
-// instruction's 32 pieces in ~4 rows, as here, against 16 rows x 2 pieces: 16.6 against 21.4 us at 4096 x 14336.)
-struct Q4KTileStager {
-    u32 src[5], dst[5];
-    __device__ __forceinline__ Q4KTileStager(int tile0, int m, long long row_bytes, int lane) {
-#pragma unroll
-        for (int i = 0; i < 5; ++i) {
-            const int e = min(32 * i + lane, 143), r = e / 9, pc = e - 9 * r;
-            src[i] = (u32)((min(tile0 + r, m - 1) - tile0) * row_bytes) + 16 * pc;
-            dst[i] = r * MMVQT_ROW_LD + 16 * pc;
-        }
-    }
-    // cp.async super-block sb (tile: the tile's first row) into the slot at shared address slot
-    __device__ __forceinline__ void stage(u32 slot, const u8* tile, int sb, int lane) const {
-        const u8* b = tile + (long long)sb * 144;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) cp_async16_at(slot + dst[i], b + src[i]);
-        if (lane < 16) cp_async16_at(slot + dst[4], b + src[4]);
-    }
-};
-__device__ __forceinline__ void q4k_tile_read(Q4KTileRows& r, const u8* slot, int g, int t) {
+// A lane's share of the super-block at byte base of its tile's window rows (lines wrapping around the window)
+__device__ __forceinline__ void q4k_window_read(Q4KTileRows& r, const u8* win, int base, int g, int t) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const u8* row = slot + (g + 8 * h) * MMVQT_ROW_LD;
-        r.hd[h] = *(const uint4*)row;
+        const u8* row = win + (g + 8 * h) * MMVQT_WIN_LD;
+        r.hd[h] = *(const uint4*)(row + base);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) r.q[h][j] = *(const uint2*)(row + 16 + 32 * j + 8 * t);
+        for (int j = 0; j < 4; ++j)
+            r.q[h][j] = *(const uint2*)(row + ((base + 16 + 32 * j + 8 * t) & (128 * MMVQT_WIN - 1)));
     }
 }
 
@@ -720,13 +729,12 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
     const int g = lane >> 2, t = lane & 3;
     const int nsb = k >> 8, per = (nsb + splits - 1) / splits;    // per: the most super-blocks of a range
     const int sb0 = z * per, count = min(per, nsb - sb0);         // range z: super-blocks sb0 .. sb0 + count - 1
-    constexpr int SLOT = 16 * MMVQT_ROW_LD;                       // a ring slot's bytes
     extern __shared__ float4 mmvqt_smem[];
     signed char* xq = (signed char*)mmvqt_smem;                   // [per * 8 chunks][C8][32] activations
     float* dxs = (float*)(xq + per * 8 * C8 * 32);                // [per * 8][C8] d_x (odd chunks: d_x / 16)
     float* sxs = dxs + per * 8 * C8;                              // [per * 8][C8] d_x * sum x
     float* sums = sxs + per * 8 * C8;                             // [8 warps][16][NCOLS] the warps' tile sums
-    u8* ring = (u8*)(sums + MMVQT_WARPS * 16 * NCOLS) + warp * MMVQT_STAGES * SLOT;   // [STAGES][16][LD]
+    u8* win = (u8*)(sums + MMVQT_WARPS * 16 * NCOLS) + warp * 16 * MMVQT_WIN_LD;   // [16][WIN_LD] the warp's window
     int b = blockIdx.x, m = m0;
     const u8* w = w0;
     float* y = y0;
@@ -734,9 +742,10 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
     const int row0 = b * ROWS, tile0 = row0 + 16 * (GLU ? warp >> 1 : warp);
     if (GLU) w = warp & 1 ? w1 : w0;
     const bool live = tile0 < m;                                  // a tile past m computes nothing
-    const Q4KTileStager stager(tile0, m, row_bytes, lane);
+    const Q4KLineStager stager(tile0, m, row_bytes, lane);
+    int next_line = q4k_first_line(sb0);                         // the next line of the rows to stage
     const u8* tile = w + (long long)tile0 * row_bytes;
-    const u32 ring_at = smem_addr(ring);
+    const u32 win_at = smem_addr(win);
     const int chunk0 = sb0 * 8, chunks = count * 8;
     for (int i = threadIdx.x; i < chunks * C8 * 2; i += blockDim.x) {         // 16-byte halves of (chunk, column)
         const int c = i / (C8 * 2), col = (i >> 1) % C8, half = i & 1;
@@ -747,7 +756,9 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
     cp_async_commit();                                            // the activations: the oldest group
     if (live)
         for (int i = 0; i < MMVQT_STAGES - 1; ++i) {
-            if (i < count) stager.stage(ring_at + i * SLOT, tile, sb0 + i, lane);
+            if (i < count)                                        // super-block i's lines
+                for (const int e = q4k_last_line(sb0 + i); next_line <= e; ++next_line)
+                    stager.line(win_at, tile, next_line, lane);
             cp_async_commit();
         }
     constexpr int DS_MAX = (MMVQT_MAX_RANGE * 8 * C8 + MMVQT_WARPS * 32 - 1) / (MMVQT_WARPS * 32);
@@ -777,13 +788,15 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
     __syncthreads();
     if (live)
         for (int i = 0; i < count; ++i) {
-            const int ahead = i + MMVQT_STAGES - 1;               // into the slot read at the step before
-            if (ahead < count) stager.stage(ring_at + ahead % MMVQT_STAGES * SLOT, tile, sb0 + ahead, lane);
+            const int ahead = i + MMVQT_STAGES - 1;               // its lines not staged yet, over lines
+            if (ahead < count)                                    // read at the step before
+                for (const int e = q4k_last_line(sb0 + ahead); next_line <= e; ++next_line)
+                    stager.line(win_at, tile, next_line, lane);
             cp_async_commit();
             cp_async_wait<MMVQT_STAGES - 1>();                    // super-block i has landed
             __syncwarp();
             Q4KTileRows r;
-            q4k_tile_read(r, ring + i % MMVQT_STAGES * SLOT, g, t);
+            q4k_window_read(r, win, (144 * (sb0 + i)) & (128 * MMVQT_WIN - 1), g, t);
             q4k_tile_dot<NB>(r, xq + i * 8 * C8 * 32, dxs + i * 8 * C8, sxs + i * 8 * C8, g, t, acc);
             __syncwarp();
         }
