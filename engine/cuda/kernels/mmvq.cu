@@ -613,6 +613,7 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 
 #define MMVQT_WIN (MMVQT_STAGES > 2 ? 8 : 4)   // lines per window row (holds MMVQT_STAGES super-blocks' lines)
 #define MMVQT_WIN_LD (128 * MMVQT_WIN + 16)    // a window row's bytes, padded (conflict-free 8-byte reads)
+static_assert((112 + 144 * MMVQT_STAGES - 1) / 128 < MMVQT_WIN, "a window holds MMVQT_STAGES super-blocks' lines");
 
 // A lane's part in staging 128-byte lines of a 16-row tile into its window [16][MMVQT_WIN_LD] (line l in window
 // line l % MMVQT_WIN): piece lane & 7 of rows 4j + lane / 8, so each cp.async instruction copies 4 whole lines.
