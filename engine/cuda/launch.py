@@ -107,7 +107,8 @@ def _mmvqt_scratch(part_floats: int, row_blocks: int) -> tuple:
     if not _tc_scratch or _tc_scratch[-1][0].size < part_floats or _tc_scratch[-1][1].size < row_blocks:
         pool = cp.get_default_memory_pool()
         size = max(part_floats, 1 << 20, 2 * _tc_scratch[-1][0].size if _tc_scratch else 0)
-        counters = cp.ndarray((max(row_blocks, 1 << 14),), cp.int32, pool.malloc(4 * max(row_blocks, 1 << 14)))
+        n_counters = max(row_blocks, 1 << 14)
+        counters = cp.ndarray((n_counters,), cp.int32, pool.malloc(4 * n_counters))
         counters.fill(0)
         _tc_scratch.append((cp.ndarray((size,), cp.float32, pool.malloc(4 * size)), counters))
     return _tc_scratch[-1]

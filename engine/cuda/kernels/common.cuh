@@ -86,17 +86,17 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
     return a;
 }
-// 16-byte asynchronous copy global -> shared; src_bytes < 16 zero-fills the rest
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
-}
 // 16-byte asynchronous copy global -> shared-memory address dst (smem_addr)
 __device__ __forceinline__ void cp_async16_at(u32 dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
 }
-// the same, reading src_bytes (0 or 16) of src and zero-filling the rest
+// the same, reading src_bytes (0..16) of src and zero-filling the rest
 __device__ __forceinline__ void cp_async16_at(u32 dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+// the same into shared-memory pointer dst
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+    cp_async16_at(smem_addr(dst), src, src_bytes);
 }
 // a release and acquire fence at GPU scope (with a relaxed atomic: a counter other blocks' sums are published by)
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
