@@ -602,7 +602,9 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 // Launch rule (launch.mmvq_launches, launch.mmvqt_splits): block 32 * MMVQT_WARPS threads, grid (row blocks summed
 // over the matrices (GLU: over m0), splits), dynamic shared memory launch.mmvqt_smem_bytes; part holds
 // gridDim.x * splits * 128 * NCOLS floats, counters gridDim.x ints, zero before the first launch.
+#ifndef MMVQT_WARPS
 #define MMVQT_WARPS 8
+#endif
 #ifndef MMVQT_MIN_BLOCKS
 #define MMVQT_MIN_BLOCKS 2                     // blocks per SM the registers must allow
 #endif
@@ -610,6 +612,40 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 #define MMVQT_STAGES 2                         // super-blocks of a warp's tile in flight (their lines) + 1
 #endif
 #define MMVQT_MAX_RANGE 16                     // super-blocks of a k range at most (launch.MMVQT_MAX_RANGE)
+// Timing diagnostics only (scripts/bench_mmvq_tc_variants.py; the sums are then wrong): a sum of parts to leave out,
+// 1 the activations' copies, 2 the weights' copies, 4 the k ranges' fixup (each block writes y), 8 the dot products.
+#ifndef MMVQT_DIAG
+#define MMVQT_DIAG 0
+#endif
+
+// MMVQT_TRACE (a timing diagnostic, bench_mmvq_tc_variants.py TRACE=1): thread 0 of each of the first 1024 blocks
+// (y-major) records [globaltimer at entry, clock64 at entry, after the prologue, after the loop, after the count
+// (k ranges > 1), at the end, globaltimer at exit, smid | last << 32] in mmvqt_trace.
+#ifdef MMVQT_TRACE
+__device__ unsigned long long mmvqt_trace[1024][8];
+__device__ __forceinline__ void mmvqt_stamp(int i, unsigned long long v) {
+    const unsigned b = blockIdx.y * gridDim.x + blockIdx.x;
+    if (threadIdx.x == 0 && b < 1024) mmvqt_trace[b][i] = v;
+}
+__device__ __forceinline__ unsigned long long mmvqt_globaltimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ void mmvqt_stamp_exit(bool last) {
+    u32 sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    mmvqt_stamp(6, mmvqt_globaltimer());
+    mmvqt_stamp(7, sm | (unsigned long long)last << 32);
+}
+#define MMVQT_STAMP(i) mmvqt_stamp(i, clock64())
+#define MMVQT_STAMP_ENTRY() (mmvqt_stamp(0, mmvqt_globaltimer()), MMVQT_STAMP(1))
+#define MMVQT_STAMP_EXIT(last) mmvqt_stamp_exit(last)
+#else
+#define MMVQT_STAMP(i)
+#define MMVQT_STAMP_ENTRY()
+#define MMVQT_STAMP_EXIT(last)
+#endif
 
 #define MMVQT_WIN (MMVQT_STAGES > 2 ? 8 : 4)   // lines per window row (holds MMVQT_STAGES super-blocks' lines)
 #define MMVQT_WIN_LD (128 * MMVQT_WIN + 16)    // a window row's bytes, padded (conflict-free 8-byte reads)
@@ -630,6 +666,7 @@ struct Q4KLineStager {
     }
     // cp.async line l of each row (pieces past the row's end: zeros, nothing read) into the window at win
     __device__ __forceinline__ void line(u32 win, const u8* tile, int l, int lane) const {
+        if (MMVQT_DIAG & 2) return;
         const bool in = 128 * l + 16 * (lane & 7) < row_bytes;
         const u8* b = tile + (in ? 128 * l : 0);
         const u32 w = win + 128 * (l & (MMVQT_WIN - 1));
@@ -726,6 +763,7 @@ __global__ void __launch_bounds__(MMVQT_WARPS * 32, MMVQT_MIN_BLOCKS)
 mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) {
     constexpr int NB = (NCOLS + 7) / 8, C8 = 8 * NB;              // C8: the B tiles' columns
     constexpr int ROWS = 16 * MMVQT_WARPS / (GLU ? 2 : 1);        // output rows per block (launch.mmvqt_rows)
+    MMVQT_STAMP_ENTRY();
     const int splits = groups, z = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int nsb = k >> 8, per = (nsb + splits - 1) / splits;    // per: the most super-blocks of a range
@@ -748,8 +786,8 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
     const u8* tile = w + (long long)tile0 * row_bytes;
     const u32 win_at = smem_addr(win);
     const int chunk0 = sb0 * 8, chunks = count * 8;
-    for (int i = threadIdx.x; i < chunks * C8 * 2; i += blockDim.x) {         // 16-byte halves of (chunk, column)
-        const int c = i / (C8 * 2), col = (i >> 1) % C8, half = i & 1;
+    for (int i = threadIdx.x; i < chunks * C8 * 2 && !(MMVQT_DIAG & 1); i += blockDim.x) {   // 16-byte halves of
+        const int c = i / (C8 * 2), col = (i >> 1) % C8, half = i & 1;                   // (chunk, column)
         signed char* dst = xq + (c * C8 + col) * 32 + 16 * half;
         if (col < NCOLS) cp_async16_at(smem_addr(dst), qs + (long long)col * k + (chunk0 + c) * 32 + 16 * half);
         else *(uint4*)dst = make_uint4(0u, 0u, 0u, 0u);
@@ -768,7 +806,7 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
     for (int e = 0; e < DS_MAX; ++e) {
         const int i = threadIdx.x + e * blockDim.x, c = i / C8, col = i % C8;
         dsq[e] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (i < chunks * C8 && col < NCOLS)
+        if (i < chunks * C8 && col < NCOLS && !(MMVQT_DIAG & 1))
             dsq[e] = *(const float4*)(ds + (long long)col * (k >> 4) + 2 * (chunk0 + c));
     }
 #pragma unroll
@@ -787,6 +825,7 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
 #pragma unroll
         for (int l = 0; l < 4; ++l) acc[nb][l] = 0.f;
     __syncthreads();
+    MMVQT_STAMP(2);
     if (live)
         for (int i = 0; i < count; ++i) {
             const int ahead = i + MMVQT_STAGES - 1;               // its lines not staged yet, over lines
@@ -798,7 +837,8 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
             __syncwarp();
             Q4KTileRows r;
             q4k_window_read(r, win, (144 * (sb0 + i)) & (128 * MMVQT_WIN - 1), g, t);
-            q4k_tile_dot<NB>(r, xq + i * 8 * C8 * 32, dxs + i * 8 * C8, sxs + i * 8 * C8, g, t, acc);
+            if (!(MMVQT_DIAG & 8))
+                q4k_tile_dot<NB>(r, xq + i * 8 * C8 * 32, dxs + i * 8 * C8, sxs + i * 8 * C8, g, t, acc);
             __syncwarp();
         }
 #pragma unroll
@@ -809,20 +849,29 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
             if (col < NCOLS) sums[(warp * 16 + g + 8 * (l >> 1)) * NCOLS + col] = acc[nb][l];
         }
     __syncthreads();
+    MMVQT_STAMP(3);
     constexpr int P = MMVQT_WARPS * 16 * NCOLS;                  // one block's sums
     const float* src = sums;                                      // the sums to add: this block's, or every range's
     long long zstride = 0;
-    if (splits > 1) {
+    if (splits > 1 && !(MMVQT_DIAG & 4)) {
         float* mine = part + ((long long)blockIdx.x * splits + z) * P;
         for (int i = threadIdx.x; i < P; i += blockDim.x) mine[i] = sums[i];
-        fence_acq_rel_gpu();                                      // the sums before the count (release)
         __syncthreads();
         __shared__ int last;
-        if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.x], 1) == splits - 1;
+        if (threadIdx.x == 0) {                                   // one fence for the block (the barrier orders
+            fence_acq_rel_gpu();                                  // its threads' sums before it): release, count,
+            last = atomicAdd(&counters[blockIdx.x], 1) == splits - 1;
+            if (last) {
+                fence_acq_rel_gpu();                              // acquire (the sums are read past L1, __ldcg)
+                counters[blockIdx.x] = 0;
+            }
+        }
         __syncthreads();
-        if (!last) return;
-        fence_acq_rel_gpu();                                      // the other ranges' sums after it (acquire)
-        if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+        MMVQT_STAMP(4);
+        if (!last) {
+            MMVQT_STAMP_EXIT(false);
+            return;
+        }
         src = part + (long long)blockIdx.x * splits * P;
         zstride = P;
     }
@@ -844,8 +893,8 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
                 for (int e = 0; e < 8; ++e)
                     if (idx < ROWS * NCOLS && q0 + e < splits) {
                         const float* p = v + (q0 + e) * zstride;
-                        va[u][e] = splits > 1 ? __ldcg(p) : *p;
-                        if (GLU) vu[u][e] = splits > 1 ? __ldcg(p + 16 * NCOLS) : p[16 * NCOLS];
+                        va[u][e] = zstride ? __ldcg(p) : *p;
+                        if (GLU) vu[u][e] = zstride ? __ldcg(p + 16 * NCOLS) : p[16 * NCOLS];
                     }
             }
 #pragma unroll
@@ -864,6 +913,11 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
             if (idx < ROWS * NCOLS && row0 + rr < m) y[(long long)j * m + row0 + rr] = v;
         }
     }
+#ifdef MMVQT_TRACE
+    __syncthreads();
+    MMVQT_STAMP(5);
+    MMVQT_STAMP_EXIT(true);
+#endif
 }
 
 #define INSTANTIATE_MMVQ_G(T, N, G) template __global__ void mmvq<T, N, G>(MMVQ_PARAM_TYPES);
