@@ -44,9 +44,10 @@ def kernel_constants(family: str) -> dict[str, int]:
     def value(name):
         if name not in values:
             expr = re.sub(r"[A-Za-z_]\w*", lambda mt: str(value(mt.group(0))), defs[name])
+            expr = re.sub(r"\(([^()?]+)\?([^():]+):([^()]+)\)", r"((\2) if (\1) else (\3))", expr)   # a ? b : c
             values[name] = int(eval(expr.replace("/", "//"), {"__builtins__": {}}))
         return values[name]
-    return {name: value(name) for name in defs if re.fullmatch(r"[\d\s()+*/A-Z_-]+", defs[name])}
+    return {name: value(name) for name in defs if re.fullmatch(r"[\d\s()+*/<>?:A-Z_-]+", defs[name])}
 
 
 def test_launch_constants_match_kernels():
@@ -55,3 +56,25 @@ def test_launch_constants_match_kernels():
     c = kernel_constants("mmq")
     assert (c["MMQ_BM"], c["MMQ_BN"], c["MMQ_KT"]) == (launch.MMQ_BM, launch.MMQ_BN, launch.MMQ_KT)
     assert c["MMQ_SMEM_BYTES"] == launch.MMQ_SMEM_BYTES and c["MMQK_SMEM_BYTES"] == launch.MMQK_SMEM_BYTES
+
+
+def test_mmvq_tc_constants_match_launch():
+    """launch.py's copies of mmvq_tc_q4_K's warps, range cap and stages, and its window size in mmvqt_smem_bytes,
+    equal kernels/mmvq.cu's."""
+    from engine.cuda import launch
+    c = kernel_constants("mmvq")
+    assert (c["MMVQT_WARPS"], c["MMVQT_MAX_RANGE"], c["MMVQT_STAGES"]) == \
+        (launch.MMVQT_WARPS, launch.MMVQT_MAX_RANGE, launch.MMVQT_STAGES)
+    acts_and_sums = 8 * 8 * (32 + 8) + c["MMVQT_WARPS"] * 16 * 4     # k = 256, one column: 8 chunks x 8 B columns
+    assert launch.mmvqt_smem_bytes(256, 1, 1) == acts_and_sums + c["MMVQT_WARPS"] * 16 * c["MMVQT_WIN_LD"]
+
+
+@pytest.mark.skipif(NVCC is None, reason="no CUDA compiler on this machine")
+def test_mmvq_tc_diagnostic_build_compiles(tmp_path):
+    """mmvq_tc_q4_K's timing diagnostics (MMVQT_DIAG, MMVQT_TRACE; scripts/bench_mmvq_tc_variants.py) still build."""
+    src = tmp_path / "mmvq.cu"
+    src.write_text(expanded_source("mmvq"))
+    r = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "-c", str(src), "-o", str(tmp_path / "k.o"),
+                        "-DMMVQ_SKIP_MMA", "-DMMVQ_ONLY_TYPE=12", "-DMMVQT_DIAG=15", "-DMMVQT_TRACE"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
