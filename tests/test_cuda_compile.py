@@ -23,14 +23,19 @@ def test_type_lists_agree():
     assert len(QTYPES) == 12
 
 
+def nvcc_compile(tmp_path, family: str, arch: str, *defines: str) -> subprocess.CompletedProcess:
+    """nvcc -c of a kernel family's expanded source for arch, with extra -D defines."""
+    src = tmp_path / f"{family}.cu"
+    src.write_text(expanded_source(family))
+    return subprocess.run([NVCC, f"-arch={arch}", "-std=c++17", "-c", str(src), "-o", str(tmp_path / "k.o"),
+                           *defines], capture_output=True, text=True, timeout=600)
+
+
 @pytest.mark.skipif(NVCC is None, reason="no CUDA compiler on this machine")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_90"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_compiles(tmp_path, family, arch):
-    src = tmp_path / f"{family}.cu"
-    src.write_text(expanded_source(family))
-    r = subprocess.run([NVCC, f"-arch={arch}", "-std=c++17", "-c", str(src), "-o", str(tmp_path / "k.o")],
-                       capture_output=True, text=True, timeout=600)
+    r = nvcc_compile(tmp_path, family, arch)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "warning" not in r.stderr.lower(), r.stderr[-3000:]
 
@@ -72,9 +77,6 @@ def test_mmvq_tc_constants_match_launch():
 @pytest.mark.skipif(NVCC is None, reason="no CUDA compiler on this machine")
 def test_mmvq_tc_diagnostic_build_compiles(tmp_path):
     """mmvq_tc_q4_K's timing diagnostics (MMVQT_DIAG, MMVQT_TRACE; scripts/bench_mmvq_tc_variants.py) still build."""
-    src = tmp_path / "mmvq.cu"
-    src.write_text(expanded_source("mmvq"))
-    r = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "-c", str(src), "-o", str(tmp_path / "k.o"),
-                        "-DMMVQ_SKIP_MMA", "-DMMVQ_ONLY_TYPE=12", "-DMMVQT_DIAG=15", "-DMMVQT_TRACE"],
-                       capture_output=True, text=True, timeout=600)
+    r = nvcc_compile(tmp_path, "mmvq", "sm_90", "-DMMVQ_SKIP_MMA", "-DMMVQ_ONLY_TYPE=12", "-DMMVQT_DIAG=15",
+                     "-DMMVQT_TRACE")
     assert r.returncode == 0, r.stderr[-3000:]
