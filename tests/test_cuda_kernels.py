@@ -47,6 +47,10 @@ def test_quantize_q8_1():
         x = (rng.standard_normal((n, k)) * rng.uniform(0.1, 10)).astype(np.float32)
         x[0, :32] = 0.0   # an all-zero block
         qs, ds = launch.quantize_q8_1(cp.asarray(x), n_pad=n + 3)
+        into = (cp.full(qs.shape, 7, cp.int8), cp.full(ds.shape, cp.nan, cp.float32))   # out=: the same bits there
+        got = launch.quantize_q8_1(cp.asarray(x), n_pad=n + 3, out=into)
+        assert got[0] is into[0] and got[1] is into[1]
+        assert cp.array_equal(into[0], qs) and cp.array_equal(into[1], ds)
         q_ref, _ = q8_1_ref(x)
         qs, ds = qs.get(), ds.get().reshape(n + 3, k // 16, 2)
         assert np.array_equal(qs[:n], q_ref)
