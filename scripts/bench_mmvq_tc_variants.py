@@ -5,8 +5,9 @@ arguments; each variant's output is checked against the default build's ("differ
 variant is not a -D: its k ranges are chosen for N blocks per SM (launch.MMVQT_BLOCKS_PER_SM) in place of the rule's;
 nor are SPLITS=N (that many k ranges) and QUANT=1 (quantize_q8_1 runs before each launch, so the activations are
 fresh in L2; its time alone follows in brackets) and TRACE=1 (builds with MMVQT_TRACE and prints the phases of the
-last timed launch). MMVQT_WARPS=N is a -D the launch rule follows too. TC_SHAPES=1 in the environment times the
-first shape only.
+last timed launch) and SRC=name (compiles engine/cuda/kernels/name.cu, e.g. a copy of the committed file, in place of
+mmvq.cu: an A/B of two versions in one lease). MMVQT_WARPS=N is a -D the launch rule follows too. TC_SHAPES=1 in the
+environment times the first shape only.
 
     python scripts/bench_mmvq_tc_variants.py "MMVQT_STAGES=3;MMVQT_MIN_BLOCKS=3,BPS=3"
 """
@@ -70,11 +71,12 @@ def main():
             splits = defines.pop("SPLITS", None)               # not a -D either: the k ranges asked for
             quant = defines.pop("QUANT", None)                 # nor this: quantize_q8_1 before each launch
             trace = defines.pop("TRACE", None)                 # nor this: -DMMVQT_TRACE, phases printed
+            src = defines.pop("SRC", "mmvq")                   # nor this: another copy of the family's file
             if splits:
                 os.environ["ENGINE_MMVQ_TC_SPLITS"] = splits
             else:
                 os.environ.pop("ENGINE_MMVQ_TC_SPLITS", None)
-            mod = cp.RawModule(code=expanded_source("mmvq"), name_expressions=[f"mmvq_tc_q4_K<{n}, 0>" for n in NS],
+            mod = cp.RawModule(code=expanded_source(src), name_expressions=[f"mmvq_tc_q4_K<{n}, 0>" for n in NS],
                                options=NVRTC_OPTIONS + tuple(f"-D{a}={b}" for a, b in defines.items()) + (
                                    "-DMMVQ_SKIP_MMA", "-DMMVQ_ONLY_TYPE=12") + (("-DMMVQT_TRACE",) if trace else ()))
             stages = int(defines.get("MMVQT_STAGES", launch.MMVQT_STAGES))
