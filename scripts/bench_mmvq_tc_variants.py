@@ -6,7 +6,8 @@ variant is not a -D: its k ranges are chosen for N blocks per SM (launch.MMVQT_B
 nor are SPLITS=N (that many k ranges) and QUANT=1 (quantize_q8_1 runs before each launch, so the activations are
 fresh in L2; its time alone follows in brackets) and TRACE=1 (builds with MMVQT_TRACE and prints the phases of the
 last timed launch) and SRC=name (compiles engine/cuda/kernels/name.cu, e.g. a copy of the committed file, in place of
-mmvq.cu: an A/B of two versions in one lease). MMVQT_WARPS=N is a -D the launch rule follows too. TC_SHAPES=1 in the
+mmvq.cu: an A/B of two versions in one lease) and HOT=1 (every launch reads the same weight copy, hot in L2, in place
+of copies rotated past it). MMVQT_WARPS=N is a -D the launch rule follows too. TC_SHAPES=1 in the
 environment times the first shape only.
 
     python scripts/bench_mmvq_tc_variants.py "MMVQT_STAGES=3;MMVQT_MIN_BLOCKS=3,BPS=3"
@@ -72,6 +73,7 @@ def main():
             quant = defines.pop("QUANT", None)                 # nor this: quantize_q8_1 before each launch
             trace = defines.pop("TRACE", None)                 # nor this: -DMMVQT_TRACE, phases printed
             src = defines.pop("SRC", "mmvq")                   # nor this: another copy of the family's file
+            hot = defines.pop("HOT", None)                     # nor this: one weight copy, hot in L2
             if splits:
                 os.environ["ENGINE_MMVQ_TC_SPLITS"] = splits
             else:
@@ -109,7 +111,7 @@ def main():
                 ref = launch.mmvq(ws[0], qs, ds, n).get()
                 call(ws[0])
                 same = np.allclose(out.get(), ref, rtol=1e-4, atol=1e-3)
-                cells.append(f"{time_graph(call, ws, 30):.1f}" + ("" if same else " (differs)"))
+                cells.append(f"{time_graph(call, ws[:1] if hot else ws, 30):.1f}" + ("" if same else " (differs)"))
                 if trace:
                     phases.append(f"n={n}: " + trace_phases(read_trace(mod, plans[id(ws[0])][1])))
                 if quant:
