@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """mmvq_tc_q4_K (kernels/mmvq.cu) compiled with other settings (-D, e.g. MMVQT_STAGES=2 or MMVQT_MIN_BLOCKS=3) and
 timed as CUDA graphs at 4096 x 14336 and 14336 x 4096, n = 1, 2, 3, 4, 8, with the dispatched launch's grid and
-arguments; each variant's output is checked against the default build's ("differs" where it is not). BPS=N in a
-variant is not a -D: its k ranges are chosen for N blocks per SM (launch.MMVQT_BLOCKS_PER_SM) in place of the rule's;
-nor are SPLITS=N (that many k ranges) and QUANT=1 (quantize_q8_1 runs before each launch, so the activations are
-fresh in L2; its time alone follows in brackets) and TRACE=1 (builds with MMVQT_TRACE and prints the phases of the
-last timed launch) and SRC=name (compiles engine/cuda/kernels/name.cu, e.g. a copy of the committed file, in place of
-mmvq.cu: an A/B of two versions in one lease) and HOT=1 (every launch reads the same weight copy, hot in L2, in place
-of copies rotated past it). MMVQT_WARPS=N is a -D the launch rule follows too. TC_SHAPES=1 in the
-environment times the first shape only.
+arguments; each variant's output is checked against the default build's ("differs" where it is not). MMVQT_WARPS=N
+is a -D the launch rule follows too. These in a variant are not -Ds:
+  BPS=N     its k ranges are chosen for N blocks per SM (launch.MMVQT_BLOCKS_PER_SM) in place of the rule's
+  SPLITS=N  that many k ranges
+  QUANT=1   quantize_q8_1 runs before each launch, so the activations are fresh in L2 (its time alone in brackets)
+  TRACE=1   builds with MMVQT_TRACE and prints the phases of the last timed launch
+  SRC=name  compiles engine/cuda/kernels/name.cu (e.g. a copy of the committed file) in place of mmvq.cu: an A/B of
+            two versions in one lease
+  HOT=1     every launch reads the same weight copy, hot in L2, in place of copies rotated past it
+TC_SHAPES=1 in the environment times the first shape only.
 
     python scripts/bench_mmvq_tc_variants.py "MMVQT_STAGES=3;MMVQT_MIN_BLOCKS=3,BPS=3"
 """
