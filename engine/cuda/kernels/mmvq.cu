@@ -613,7 +613,8 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 #endif
 #define MMVQT_MAX_RANGE 16                     // super-blocks of a k range at most (launch.MMVQT_MAX_RANGE)
 // Timing diagnostics only (scripts/bench_mmvq_tc_variants.py; the sums are then wrong): a sum of parts to leave out,
-// 1 the activations' copies, 2 the weights' copies, 4 the k ranges' fixup (each block writes y), 8 the dot products.
+// 1 the activations' copies, 2 the weights' copies, 4 the k ranges' fixup (each block writes y), 8 the dot products,
+// 16 the last block's adding (the ranges still store their sums and count; y is not written).
 #ifndef MMVQT_DIAG
 #define MMVQT_DIAG 0
 #endif
@@ -872,6 +873,7 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
             MMVQT_STAMP_EXIT(false);
             return;
         }
+        if (MMVQT_DIAG & 16) return;                              // (timing: the count without the adding)
         src = part + (long long)blockIdx.x * splits * P;
         zstride = P;
     }
