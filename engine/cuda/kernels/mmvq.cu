@@ -654,6 +654,8 @@ static_assert((112 + 144 * MMVQT_STAGES - 1) / 128 < MMVQT_WIN, "a window holds 
 
 // A lane's part in staging 128-byte lines of a 16-row tile into its window [16][MMVQT_WIN_LD] (line l in window
 // line l % MMVQT_WIN): piece lane & 7 of rows 4j + lane / 8, so each cp.async instruction copies 4 whole lines.
+__device__ __forceinline__ int q4k_first_line(int sb) { return (144 * sb) >> 7; }
+__device__ __forceinline__ int q4k_last_line(int sb) { return (144 * sb + 143) >> 7; }
 struct Q4KLineStager {
     u32 src[4], dst[4];
     int row_bytes;
@@ -674,9 +676,11 @@ struct Q4KLineStager {
 #pragma unroll
         for (int j = 0; j < 4; ++j) cp_async16_at(w + dst[j], b + src[j], in ? 16 : 0);
     }
+    // the lines from next through super-block sb's last (next moves past them)
+    __device__ __forceinline__ void lines_through(u32 win, const u8* tile, int& next, int sb, int lane) const {
+        for (const int e = q4k_last_line(sb); next <= e; ++next) line(win, tile, next, lane);
+    }
 };
-__device__ __forceinline__ int q4k_first_line(int sb) { return (144 * sb) >> 7; }
-__device__ __forceinline__ int q4k_last_line(int sb) { return (144 * sb + 143) >> 7; }
 
 // One lane's share of a 16-row tile's super-block: rows g and g + 8 (h = 0, 1)
 struct Q4KTileRows {
@@ -795,10 +799,8 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
     }
     cp_async_commit();                                            // the activations: the oldest group
     if (live)
-        for (int i = 0; i < MMVQT_STAGES - 1; ++i) {
-            if (i < count)                                        // super-block i's lines
-                for (const int e = q4k_last_line(sb0 + i); next_line <= e; ++next_line)
-                    stager.line(win_at, tile, next_line, lane);
+        for (int i = 0; i < MMVQT_STAGES - 1; ++i) {              // super-block i's lines
+            if (i < count) stager.lines_through(win_at, tile, next_line, sb0 + i, lane);
             cp_async_commit();
         }
     constexpr int DS_MAX = (MMVQT_MAX_RANGE * 8 * C8 + MMVQT_WARPS * 32 - 1) / (MMVQT_WARPS * 32);
@@ -829,10 +831,9 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
     MMVQT_STAMP(2);
     if (live)
         for (int i = 0; i < count; ++i) {
-            const int ahead = i + MMVQT_STAGES - 1;               // its lines not staged yet, over lines
-            if (ahead < count)                                    // read at the step before
-                for (const int e = q4k_last_line(sb0 + ahead); next_line <= e; ++next_line)
-                    stager.line(win_at, tile, next_line, lane);
+            // super-block ahead's lines not staged yet, over lines read at the step before
+            const int ahead = i + MMVQT_STAGES - 1;
+            if (ahead < count) stager.lines_through(win_at, tile, next_line, sb0 + ahead, lane);
             cp_async_commit();
             cp_async_wait<MMVQT_STAGES - 1>();                    // super-block i has landed
             __syncwarp();
