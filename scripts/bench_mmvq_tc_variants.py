@@ -11,6 +11,8 @@ is a -D the launch rule follows too. These in a variant are not -Ds:
   SRC=name  compiles engine/cuda/kernels/name.cu (e.g. a copy of the committed file) in place of mmvq.cu: an A/B of
             two versions in one lease
   HOT=1     every launch reads the same weight copy, hot in L2, in place of copies rotated past it
+  XOFF=B    the activations' q8_1 buffers (qs, ds) start B bytes (a multiple of 16) into their allocations, and
+  YOFF=B    the output's: variants with other offsets get buffers of their own (a study of what placement matters)
 In the environment: TC_SHAPES=1 times the first shape only. ROUNDS=R times the variants in turn, R rounds, and
 prints each one's median and its median difference to the first variant. Every variant runs on the same activation
 and output buffers: with buffers of its own (OWN_BUFFERS=1), two builds of the same code differed by up to 1.8 us at
@@ -54,6 +56,14 @@ def trace_phases(tr: np.ndarray) -> str:
             f"{us((tr[:, 3] - tr[:, 2]) / ghz)}, sums to count {us((tr[:, 4] - tr[:, 3]) / ghz)}, last blocks' "
             f"reduction {us((tr[last, 5] - tr[last, 4]) / ghz)}, exit {us(tr[:, 6] - t0)}, last exit "
             f"{us(tr[last, 6] - t0)} (us median/max; {ghz:.2f} GHz; {int(last.sum())} last blocks)")
+
+
+def offset_empty(shape, dtype, offset: int):
+    """An uninitialized C-contiguous array starting `offset` bytes (a multiple of 16) into a fresh allocation."""
+    import cupy as cp
+    assert offset % 16 == 0, "XOFF / YOFF: a multiple of 16 bytes"
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return cp.empty(nbytes + offset, cp.uint8)[offset:].view(dtype).reshape(shape)
 
 
 def time_rounds(prepared, ws, m, k, rounds):
@@ -100,6 +110,8 @@ def main():
             trace = defines.pop("TRACE", None)                 # nor this: -DMMVQT_TRACE, phases printed
             src = defines.pop("SRC", "mmvq")                   # nor this: another copy of the family's file
             hot = defines.pop("HOT", None)                     # nor this: one weight copy, hot in L2
+            xoff = int(defines.pop("XOFF", 0))                 # nor these: the buffers' offsets
+            yoff = int(defines.pop("YOFF", 0))
             if splits:
                 os.environ["ENGINE_MMVQ_TC_SPLITS"] = splits
             else:
@@ -111,10 +123,12 @@ def main():
             warps = int(defines.get("MMVQT_WARPS", launch.MMVQT_WARPS))     # a -D the launch rule follows too
             calls = {}
             for n in NS:
-                if n not in buffers or not share:
+                key = (n, xoff, yoff)
+                if key not in buffers or not share:
                     x = cp.asarray(rng.standard_normal((n, k)).astype(np.float32))
-                    buffers[n] = (x, *launch.quantize_q8_1(x), cp.empty((n, m), cp.float32))
-                x, qs, ds, out = buffers[n]
+                    q8 = (offset_empty((n, k), cp.int8, xoff), offset_empty((n, k // 8), cp.float32, xoff))
+                    buffers[key] = (x, *launch.quantize_q8_1(x, out=q8), offset_empty((n, m), cp.float32, yoff))
+                x, qs, ds, out = buffers[key]
                 fn = mod.get_function(f"mmvq_tc_q4_K<{n}, 0>")
                 plans = {}
                 launch.MMVQT_BLOCKS_PER_SM, launch.MMVQT_WARPS = bps, warps
