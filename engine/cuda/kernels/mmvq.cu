@@ -618,6 +618,11 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 #ifndef MMVQT_DIAG
 #define MMVQT_DIAG 0
 #endif
+// Timing diagnostic: the last block adds the ranges' sums (and writes y) MMVQT_PASSES times, the same code each time
+// (the second pass shows what the first costs beyond a warm instruction cache and warm lines).
+#ifndef MMVQT_PASSES
+#define MMVQT_PASSES 1
+#endif
 
 // MMVQT_TRACE (a timing diagnostic, bench_mmvq_tc_variants.py TRACE=1): thread 0 of each of the first 1024 blocks
 // (y-major) records [globaltimer at entry, clock64 at entry, after the prologue, after the loop, after the count
@@ -880,6 +885,8 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
     }
     constexpr int OUTS = (ROWS * NCOLS + MMVQT_WARPS * 32 - 1) / (MMVQT_WARPS * 32);   // outputs per thread
     constexpr int BATCH = OUTS < 4 ? OUTS : 4;                    // outputs whose ranges' loads go together
+#pragma unroll 1
+    for (int pass = 0; pass < MMVQT_PASSES; ++pass)               // (a timing diagnostic above 1)
 #pragma unroll
     for (int o0 = 0; o0 < OUTS; o0 += BATCH) {
         float a[BATCH], up[BATCH];
