@@ -14,7 +14,8 @@ is a -D the launch rule follows too. These in a variant are not -Ds:
   XOFF=B    the activations' q8_1 buffers (qs, ds) start B bytes (a multiple of 16) into their allocations, and
   YOFF=B    the output's: variants with other offsets get buffers of their own (a study of what placement matters)
 In the environment: TC_SHAPES=1 times the first shape only. ROUNDS=R times the variants in turn, R rounds, and
-prints each one's median and its median difference to the first variant. Every variant runs on the same activation
+prints each one's median and its median difference to the first variant (TRACE's phases and QUANT's own time are
+then not printed). Every variant runs on the same activation
 and output buffers: with buffers of its own (OWN_BUFFERS=1), two builds of the same code differed by up to 1.8 us at
 n = 8, where on shared buffers they agree within 0.03 us (BENCHMARKS.md, fifteenth session). CHECK=0 skips the
 check against the default build (whose full module takes ~100 s to compile on a fresh machine).
@@ -59,9 +60,12 @@ def trace_phases(tr: np.ndarray) -> str:
 
 
 def offset_empty(shape, dtype, offset: int):
-    """An uninitialized C-contiguous array starting `offset` bytes (a multiple of 16) into a fresh allocation."""
+    """An uninitialized C-contiguous array starting `offset` bytes (a multiple of 16) into a fresh allocation (0: a
+    plain cp.empty, as the runs of the fifteenth session had)."""
     import cupy as cp
     assert offset % 16 == 0, "XOFF / YOFF: a multiple of 16 bytes"
+    if not offset:
+        return cp.empty(shape, dtype)
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     return cp.empty(nbytes + offset, cp.uint8)[offset:].view(dtype).reshape(shape)
 
@@ -100,8 +104,9 @@ def main():
     for m, k in ((4096, 14336), (14336, 4096))[:int(os.environ.get("TC_SHAPES", "2"))]:
         blocks = random_blocks(t, m * k // 256, rng)
         ws = [upload(t, (m, k), blocks) for _ in range(max(2, int(np.ceil(200e6 / (m * k * 0.5625)))))]
-        prepared = []                                          # per variant: (label, {n: (call, same)}, ...)
-        buffers = {}                                           # n: activations, their q8_1, the output
+        # per variant: (label, module, {n: (call, same, requantize, grid)}, quant, trace, hot)
+        prepared = []
+        buffers = {}                       # (n, xoff, yoff): activations, their q8_1 (qs, ds), the output
         for v in variants:
             defines = dict(d.split("=") for d in v.split(",") if d)
             bps = int(defines.pop("BPS", blocks_per_sm))
