@@ -52,7 +52,7 @@ def trace_phases(tr: np.ndarray) -> str:
     t0 = tr[:, 0].min()
 
     def us(v):
-        return f"{np.median(v) / 1e3:.2f}/{np.max(v) / 1e3:.2f}"
+        return f"{np.median(v) / 1e3:.2f}/{np.max(v) / 1e3:.2f}" if len(v) else "-"   # (DIAG=16: no last block)
     return (f"entry {us(tr[:, 0] - t0)}, prologue {us((tr[:, 2] - tr[:, 1]) / ghz)}, loop "
             f"{us((tr[:, 3] - tr[:, 2]) / ghz)}, sums to count {us((tr[:, 4] - tr[:, 3]) / ghz)}, last blocks' "
             f"reduction {us((tr[last, 5] - tr[last, 4]) / ghz)}, exit {us(tr[:, 6] - t0)}, last exit "

@@ -598,7 +598,8 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 // their 24 bits).
 // With one k range the block writes y from its warps' sums; with more, each block stores its sums in part, and the
 // last of a row block's ranges to finish (counter) adds the ranges' sums in order z = 0, 1, ... and writes y (the
-// same sums in the same order every run), then resets the counter for the next launch.
+// same sums in the same order every run), then resets the counter for the next launch. (Distributed shared memory in
+// a cluster of the ranges was measured slower: clusters of 4 or 8 do not all fit in one wave, BENCHMARKS.md.)
 // Launch rule (launch.mmvq_launches, launch.mmvqt_splits): block 32 * MMVQT_WARPS threads, grid (row blocks summed
 // over the matrices (GLU: over m0), splits), dynamic shared memory launch.mmvqt_smem_bytes; part holds
 // gridDim.x * splits * 128 * NCOLS floats, counters gridDim.x ints, zero before the first launch.
@@ -869,8 +870,9 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
             fence_acq_rel_gpu();                                  // its threads' sums before it): release, count,
             last = atomicAdd(&counters[blockIdx.x], 1) == splits - 1;
             if (last) {
-                fence_acq_rel_gpu();                              // acquire (the sums are read past L1, __ldcg)
-                counters[blockIdx.x] = 0;
+                fence_acq_rel_gpu();                              // acquire (it invalidates L1, so the plain
+                counters[blockIdx.x] = 0;                         // loads below read the sums from L2: 0.1-0.7
+                                                                  // us faster than __ldcg's, BENCHMARKS.md)
             }
         }
         __syncthreads();
@@ -903,8 +905,8 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
                 for (int e = 0; e < 8; ++e)
                     if (idx < ROWS * NCOLS && q0 + e < splits) {
                         const float* p = v + (q0 + e) * zstride;
-                        va[u][e] = zstride ? __ldcg(p) : *p;
-                        if (GLU) vu[u][e] = zstride ? __ldcg(p + 16 * NCOLS) : p[16 * NCOLS];
+                        va[u][e] = *p;
+                        if (GLU) vu[u][e] = p[16 * NCOLS];
                     }
             }
 #pragma unroll
