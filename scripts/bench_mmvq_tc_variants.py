@@ -117,10 +117,6 @@ def main():
             hot = defines.pop("HOT", None)                     # nor this: one weight copy, hot in L2
             xoff = int(defines.pop("XOFF", 0))                 # nor these: the buffers' offsets
             yoff = int(defines.pop("YOFF", 0))
-            if splits:
-                os.environ["ENGINE_MMVQ_TC_SPLITS"] = splits
-            else:
-                os.environ.pop("ENGINE_MMVQ_TC_SPLITS", None)
             mod = cp.RawModule(code=expanded_source(src), name_expressions=[f"mmvq_tc_q4_K<{n}, 0>" for n in NS],
                                options=NVRTC_OPTIONS + tuple(f"-D{a}={b}" for a, b in defines.items()) + (
                                    "-DMMVQ_SKIP_MMA", "-DMMVQ_ONLY_TYPE=12") + (("-DMMVQT_TRACE",) if trace else ()))
@@ -137,6 +133,10 @@ def main():
                 fn = mod.get_function(f"mmvq_tc_q4_K<{n}, 0>")
                 plans = {}
                 launch.MMVQT_BLOCKS_PER_SM, launch.MMVQT_WARPS = bps, warps
+                if splits:                                     # (set per n: before the sixteenth session's fix
+                    os.environ["ENGINE_MMVQ_TC_SPLITS"] = splits   # it held for the first n only)
+                else:
+                    os.environ.pop("ENGINE_MMVQ_TC_SPLITS", None)
                 for wi in ws:
                     (_, grid, block, args), = launch.mmvq_launches([wi], qs, ds, n, [out])
                     smem = launch.mmvqt_smem_bytes(k, n, grid[1], stages)
