@@ -624,6 +624,20 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 #ifndef MMVQT_PASSES
 #define MMVQT_PASSES 1
 #endif
+// Experiment, not yet run (BENCHMARKS.md, sixteenth session): where the d_x loads are issued, 0 after the first
+// super-block's line copies, 1 after the activations' copies, before the lines, 2 before both. In SASS they follow
+// every line copy, and the prologue takes 3.6-4.5 us: perhaps they queue behind the lines' DRAM misses.
+#ifndef MMVQT_DSFIRST
+#define MMVQT_DSFIRST 0
+#endif
+// The lane's (chunk, column) d_x and d_x sum x loads of mmvq_tc_q4_K's k range into dsq[DS_MAX]
+#define MMVQT_LOAD_DS()                                                                                               \
+    _Pragma("unroll") for (int e = 0; e < DS_MAX; ++e) {                                                              \
+        const int i = threadIdx.x + e * blockDim.x, c = i / C8, col = i % C8;                                         \
+        dsq[e] = make_float4(0.f, 0.f, 0.f, 0.f);                                                                     \
+        if (i < chunks * C8 && col < NCOLS && !(MMVQT_DIAG & 1))                                                      \
+            dsq[e] = *(const float4*)(ds + (long long)col * (k >> 4) + 2 * (chunk0 + c));                             \
+    }
 
 // MMVQT_TRACE (a timing diagnostic, bench_mmvq_tc_variants.py TRACE=1): thread 0 of each of the first 1024 blocks
 // (y-major) records [globaltimer at entry, clock64 at entry, after the prologue, after the loop, after the count
@@ -797,6 +811,13 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
     const u8* tile = w + (long long)tile0 * row_bytes;
     const u32 win_at = smem_addr(win);
     const int chunk0 = sb0 * 8, chunks = count * 8;
+#if MMVQT_DSFIRST
+    constexpr int DS_MAX = (MMVQT_MAX_RANGE * 8 * C8 + MMVQT_WARPS * 32 - 1) / (MMVQT_WARPS * 32);
+    float4 dsq[DS_MAX];
+#endif
+#if MMVQT_DSFIRST == 2
+    MMVQT_LOAD_DS();
+#endif
     for (int i = threadIdx.x; i < chunks * C8 * 2 && !(MMVQT_DIAG & 1); i += blockDim.x) {   // 16-byte halves of
         const int c = i / (C8 * 2), col = (i >> 1) % C8, half = i & 1;                   // (chunk, column)
         signed char* dst = xq + (c * C8 + col) * 32 + 16 * half;
@@ -804,20 +825,19 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
         else *(uint4*)dst = make_uint4(0u, 0u, 0u, 0u);
     }
     cp_async_commit();                                            // the activations: the oldest group
+#if MMVQT_DSFIRST == 1
+    MMVQT_LOAD_DS();
+#endif
     if (live)
         for (int i = 0; i < MMVQT_STAGES - 1; ++i) {              // super-block i's lines
             if (i < count) stager.lines_through(win_at, tile, next_line, sb0 + i, lane);
             cp_async_commit();
         }
+#if !MMVQT_DSFIRST
     constexpr int DS_MAX = (MMVQT_MAX_RANGE * 8 * C8 + MMVQT_WARPS * 32 - 1) / (MMVQT_WARPS * 32);
     float4 dsq[DS_MAX];                                           // the lane's (chunk, column) d_x, sums: all loads
-#pragma unroll                                                    // in flight, then the stores
-    for (int e = 0; e < DS_MAX; ++e) {
-        const int i = threadIdx.x + e * blockDim.x, c = i / C8, col = i % C8;
-        dsq[e] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (i < chunks * C8 && col < NCOLS && !(MMVQT_DIAG & 1))
-            dsq[e] = *(const float4*)(ds + (long long)col * (k >> 4) + 2 * (chunk0 + c));
-    }
+    MMVQT_LOAD_DS();                                              // in flight, then the stores
+#endif
 #pragma unroll
     for (int e = 0; e < DS_MAX; ++e) {
         const int i = threadIdx.x + e * blockDim.x, c = i / C8;
