@@ -891,7 +891,7 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
             last = atomicAdd(&counters[blockIdx.x], 1) == splits - 1;
             if (last) {
                 fence_acq_rel_gpu();                              // acquire (it invalidates L1, so the plain
-                counters[blockIdx.x] = 0;                         // loads below read the sums from L2: 0.1-0.7
+                counters[blockIdx.x] = 0;                         // loads below read the sums from L2: 0.1-0.8
                                                                   // us faster than __ldcg's, BENCHMARKS.md)
             }
         }
