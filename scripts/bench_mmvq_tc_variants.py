@@ -15,10 +15,10 @@ is a -D the launch rule follows too. These in a variant are not -Ds:
   YOFF=B    the output's: variants with other offsets get buffers of their own (a study of what placement matters)
 In the environment: TC_SHAPES=1 times the first shape only. ROUNDS=R times the variants in turn, R rounds, and
 prints each one's median and its median difference to the first variant (TRACE's phases and QUANT's own time are
-then not printed). Every variant runs on the same activation
-and output buffers: with buffers of its own (OWN_BUFFERS=1), two builds of the same code differed by up to 1.8 us at
-n = 8, where on shared buffers they agree within 0.03 us (BENCHMARKS.md, fifteenth session). CHECK=0 skips the
-check against the default build (whose full module takes ~100 s to compile on a fresh machine).
+then not printed). Every variant runs on the same activation and output buffers: with buffers of its own
+(OWN_BUFFERS=1), two builds of the same code differed by up to 1.8 us at n = 8, where on shared buffers they agree
+within 0.03 us (BENCHMARKS.md, fifteenth session). CHECK=0 skips the check against the default build (whose full
+module takes ~100 s to compile on a fresh machine).
 
     python scripts/bench_mmvq_tc_variants.py "MMVQT_STAGES=3;MMVQT_MIN_BLOCKS=3,BPS=3"
 """

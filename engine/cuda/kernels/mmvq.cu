@@ -811,10 +811,9 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
     const u8* tile = w + (long long)tile0 * row_bytes;
     const u32 win_at = smem_addr(win);
     const int chunk0 = sb0 * 8, chunks = count * 8;
-#if MMVQT_DSFIRST
     constexpr int DS_MAX = (MMVQT_MAX_RANGE * 8 * C8 + MMVQT_WARPS * 32 - 1) / (MMVQT_WARPS * 32);
-    float4 dsq[DS_MAX];
-#endif
+    float4 dsq[DS_MAX];                                           // the lane's (chunk, column) d_x, sums: all loads
+                                                                  // in flight (MMVQT_LOAD_DS), then the stores
 #if MMVQT_DSFIRST == 2
     MMVQT_LOAD_DS();
 #endif
@@ -833,10 +832,8 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
             if (i < count) stager.lines_through(win_at, tile, next_line, sb0 + i, lane);
             cp_async_commit();
         }
-#if !MMVQT_DSFIRST
-    constexpr int DS_MAX = (MMVQT_MAX_RANGE * 8 * C8 + MMVQT_WARPS * 32 - 1) / (MMVQT_WARPS * 32);
-    float4 dsq[DS_MAX];                                           // the lane's (chunk, column) d_x, sums: all loads
-    MMVQT_LOAD_DS();                                              // in flight, then the stores
+#if MMVQT_DSFIRST == 0
+    MMVQT_LOAD_DS();
 #endif
 #pragma unroll
     for (int e = 0; e < DS_MAX; ++e) {
