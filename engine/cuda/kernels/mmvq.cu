@@ -630,6 +630,12 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 #ifndef MMVQT_DSFIRST
 #define MMVQT_DSFIRST 0
 #endif
+// Experiment, not yet run: 1 = the ranges' sums are stored and added V = 4 (or 2) columns per load where NCOLS
+// allows (16-byte / 8-byte loads); the adding's time grows with its loads per thread (BENCHMARKS.md, sixteenth session).
+#ifndef MMVQT_ADDV
+#define MMVQT_ADDV 0
+#endif
+template <int V> struct alignas(4 * V) FloatVec { float v[V]; };   // V consecutive floats, loaded as one
 // The lane's (chunk, column) d_x and d_x sum x loads of mmvq_tc_q4_K's k range into dsq[DS_MAX]
 #define MMVQT_LOAD_DS()                                                                                               \
     _Pragma("unroll") for (int e = 0; e < DS_MAX; ++e) {                                                              \
@@ -880,7 +886,11 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
     long long zstride = 0;
     if (splits > 1 && !(MMVQT_DIAG & 4)) {
         float* mine = part + ((long long)blockIdx.x * splits + z) * P;
+#if MMVQT_ADDV
+        for (int i = threadIdx.x; i < P / 4; i += blockDim.x) ((float4*)mine)[i] = ((const float4*)sums)[i];
+#else
         for (int i = threadIdx.x; i < P; i += blockDim.x) mine[i] = sums[i];
+#endif
         __syncthreads();
         __shared__ int last;
         if (threadIdx.x == 0) {                                   // one fence for the block (the barrier orders
@@ -902,44 +912,53 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
         src = part + (long long)blockIdx.x * splits * P;
         zstride = P;
     }
-    constexpr int OUTS = (ROWS * NCOLS + MMVQT_WARPS * 32 - 1) / (MMVQT_WARPS * 32);   // outputs per thread
-    constexpr int BATCH = OUTS < 4 ? OUTS : 4;                    // outputs whose ranges' loads go together
+    constexpr int V = MMVQT_ADDV ? (NCOLS % 4 == 0 ? 4 : NCOLS % 2 == 0 ? 2 : 1) : 1;   // columns per load
+    constexpr int GROUPS = ROWS * NCOLS / V;                     // (row, V columns) groups to add
+    constexpr int OUTS = (GROUPS + MMVQT_WARPS * 32 - 1) / (MMVQT_WARPS * 32);   // groups per thread
+    constexpr int BATCH = OUTS < 4 / V ? OUTS : (4 / V > 0 ? 4 / V : 1);   // groups whose ranges' loads go together
 #pragma unroll 1
     for (int pass = 0; pass < MMVQT_PASSES; ++pass)               // (a timing diagnostic above 1)
 #pragma unroll
     for (int o0 = 0; o0 < OUTS; o0 += BATCH) {
-        float a[BATCH], up[BATCH];
+        FloatVec<V> a[BATCH], up[BATCH];
 #pragma unroll
-        for (int u = 0; u < BATCH; ++u) a[u] = up[u] = 0.f;
-        for (int q0 = 0; q0 < splits; q0 += 8) {                  // 8 ranges x BATCH outputs in flight, then added
-            float va[BATCH][8], vu[BATCH][8];                     // in order
+        for (int u = 0; u < BATCH; ++u)
+#pragma unroll
+            for (int c = 0; c < V; ++c) a[u].v[c] = up[u].v[c] = 0.f;
+        for (int q0 = 0; q0 < splits; q0 += 8) {                  // 8 ranges x BATCH groups in flight, then added
+            FloatVec<V> va[BATCH][8], vu[BATCH][8];               // in order
 #pragma unroll
             for (int u = 0; u < BATCH; ++u) {
-                const int idx = threadIdx.x + (o0 + u) * blockDim.x, rr = idx / NCOLS, j = idx % NCOLS;
+                const int idx = threadIdx.x + (o0 + u) * blockDim.x, rr = idx * V / NCOLS, j = idx * V % NCOLS;
                 const int slot = GLU ? 2 * (rr >> 4) : rr >> 4;   // the warp that computed the row (GLU: its gate)
                 const float* v = src + (slot * 16 + (rr & 15)) * NCOLS + j;   // range 0's sum (GLU: + 16 NCOLS, up's)
 #pragma unroll
                 for (int e = 0; e < 8; ++e)
-                    if (idx < ROWS * NCOLS && q0 + e < splits) {
+                    if (idx < GROUPS && q0 + e < splits) {
                         const float* p = v + (q0 + e) * zstride;
-                        va[u][e] = *p;
-                        if (GLU) vu[u][e] = p[16 * NCOLS];
+                        va[u][e] = *(const FloatVec<V>*)p;
+                        if (GLU) vu[u][e] = *(const FloatVec<V>*)(p + 16 * NCOLS);
                     }
             }
 #pragma unroll
             for (int u = 0; u < BATCH; ++u)
 #pragma unroll
                 for (int e = 0; e < 8; ++e)
-                    if (q0 + e < splits) {
-                        a[u] += va[u][e];
-                        if (GLU) up[u] += vu[u][e];
-                    }
+                    if (q0 + e < splits)
+#pragma unroll
+                        for (int c = 0; c < V; ++c) {
+                            a[u].v[c] += va[u][e].v[c];
+                            if (GLU) up[u].v[c] += vu[u][e].v[c];
+                        }
         }
 #pragma unroll
         for (int u = 0; u < BATCH; ++u) {
-            const int idx = threadIdx.x + (o0 + u) * blockDim.x, rr = idx / NCOLS, j = idx % NCOLS;
-            const float v = GLU ? glu_act(GLU, a[u]) * up[u] : a[u];
-            if (idx < ROWS * NCOLS && row0 + rr < m) y[(long long)j * m + row0 + rr] = v;
+            const int idx = threadIdx.x + (o0 + u) * blockDim.x, rr = idx * V / NCOLS, j = idx * V % NCOLS;
+#pragma unroll
+            for (int c = 0; c < V; ++c) {
+                const float v = GLU ? glu_act(GLU, a[u].v[c]) * up[u].v[c] : a[u].v[c];
+                if (idx < GROUPS && row0 + rr < m) y[(long long)(j + c) * m + row0 + rr] = v;
+            }
         }
     }
 #ifdef MMVQT_TRACE
