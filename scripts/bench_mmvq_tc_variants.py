@@ -2,7 +2,7 @@
 """mmvq_tc_q4_K (kernels/mmvq.cu) compiled with other settings (-D, e.g. MMVQT_STAGES=2 or MMVQT_MIN_BLOCKS=3) and
 timed as CUDA graphs at 4096 x 14336 and 14336 x 4096, n = 1, 2, 3, 4, 8, with the dispatched launch's grid and
 arguments; each variant's output is checked against the default build's ("differs" where it is not). MMVQT_WARPS=N
-is a -D the launch rule follows too. These in a variant are not -Ds:
+and MMVQT_WIDE_FROM=N are -Ds the launch rule follows too. These in a variant are not -Ds:
   BPS=N     its k ranges are chosen for N blocks per SM (launch.MMVQT_BLOCKS_PER_SM) in place of the rule's
   SPLITS=N  that many k ranges
   QUANT=1   quantize_q8_1 runs before each launch, so the activations are fresh in L2 (its time alone in brackets)
@@ -13,12 +13,12 @@ is a -D the launch rule follows too. These in a variant are not -Ds:
   HOT=1     every launch reads the same weight copy, hot in L2, in place of copies rotated past it
   XOFF=B    the activations' q8_1 buffers (qs, ds) start B bytes (a multiple of 16) into their allocations, and
   YOFF=B    the output's: variants with other offsets get buffers of their own (a study of what placement matters)
-In the environment: TC_SHAPES=1 times the first shape only. ROUNDS=R times the variants in turn, R rounds, and
-prints each one's median and its median difference to the first variant (TRACE's phases and QUANT's own time are
-then not printed). Every variant runs on the same activation and output buffers: with buffers of its own
-(OWN_BUFFERS=1), two builds of the same code differed by up to 1.8 us at n = 8, where on shared buffers they agree
-within 0.03 us (BENCHMARKS.md, fifteenth session). CHECK=0 skips the check against the default build (whose full
-module takes ~100 s to compile on a fresh machine).
+In the environment: TC_SHAPES=1 times the first shape only; TC_NS=5,6,7,8 other column counts. ROUNDS=R times the
+variants in turn, R rounds, and prints each one's median and its median difference to the first variant (TRACE's
+phases and QUANT's own time are then not printed). Every variant runs on the same activation and output buffers:
+with buffers of its own (OWN_BUFFERS=1), two builds of the same code differed by up to 1.8 us at n = 8, where on
+shared buffers they agree within 0.03 us (BENCHMARKS.md, fifteenth session). CHECK=0 skips the check against the
+default build (whose full module takes ~100 s to compile on a fresh machine).
 
     python scripts/bench_mmvq_tc_variants.py "MMVQT_STAGES=3;MMVQT_MIN_BLOCKS=3,BPS=3"
 """
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_kernels import time_graph, warm_gpu  # noqa: E402
 
-NS = (1, 2, 3, 4, 8)
+NS = tuple(int(n) for n in os.environ.get("TC_NS", "1,2,3,4,8").split(","))
 
 
 def read_trace(mod, grid) -> np.ndarray:
@@ -95,7 +95,7 @@ def main():
     os.environ["ENGINE_MMVQ_TC"] = "all"
     variants = sys.argv[1].split(";") if len(sys.argv) > 1 else [""]
     rng = np.random.default_rng()
-    blocks_per_sm, default_warps = launch.MMVQT_BLOCKS_PER_SM, launch.MMVQT_WARPS
+    blocks_per_sm, default_warps, default_wide = launch.MMVQT_BLOCKS_PER_SM, launch.MMVQT_WARPS, launch.MMVQT_WIDE_FROM
     rounds = int(os.environ.get("ROUNDS", "0"))
     share = os.environ.get("OWN_BUFFERS") != "1"
     t = GGMLType.Q4_K
@@ -121,7 +121,8 @@ def main():
                                options=NVRTC_OPTIONS + tuple(f"-D{a}={b}" for a, b in defines.items()) + (
                                    "-DMMVQ_SKIP_MMA", "-DMMVQ_ONLY_TYPE=12") + (("-DMMVQT_TRACE",) if trace else ()))
             stages = int(defines.get("MMVQT_STAGES", launch.MMVQT_STAGES))
-            warps = int(defines.get("MMVQT_WARPS", launch.MMVQT_WARPS))     # a -D the launch rule follows too
+            warps = int(defines.get("MMVQT_WARPS", launch.MMVQT_WARPS))     # -Ds the launch rule follows too
+            wide = int(defines.get("MMVQT_WIDE_FROM", launch.MMVQT_WIDE_FROM))
             calls = {}
             for n in NS:
                 key = (n, xoff, yoff)
@@ -132,7 +133,7 @@ def main():
                 x, qs, ds, out = buffers[key]
                 fn = mod.get_function(f"mmvq_tc_q4_K<{n}, 0>")
                 plans = {}
-                launch.MMVQT_BLOCKS_PER_SM, launch.MMVQT_WARPS = bps, warps
+                launch.MMVQT_BLOCKS_PER_SM, launch.MMVQT_WARPS, launch.MMVQT_WIDE_FROM = bps, warps, wide
                 if splits:                                     # (set per n: before the sixteenth session's fix
                     os.environ["ENGINE_MMVQ_TC_SPLITS"] = splits   # it held for the first n only)
                 else:
@@ -151,7 +152,8 @@ def main():
                     if quant:
                         requantize()
                     f(grid, block, args)
-                launch.MMVQT_BLOCKS_PER_SM, launch.MMVQT_WARPS = blocks_per_sm, default_warps
+                launch.MMVQT_BLOCKS_PER_SM, launch.MMVQT_WARPS, launch.MMVQT_WIDE_FROM = \
+                    blocks_per_sm, default_warps, default_wide
                 os.environ.pop("ENGINE_MMVQ_TC_SPLITS", None)
                 call(ws[0])
                 same = os.environ.get("CHECK") == "0" or np.allclose(out.get(), launch.mmvq(ws[0], qs, ds, n).get(),

@@ -64,14 +64,17 @@ def test_launch_constants_match_kernels():
 
 
 def test_mmvq_tc_constants_match_launch():
-    """launch.py's copies of mmvq_tc_q4_K's warps, range cap and stages, and its window size in mmvqt_smem_bytes,
-    equal kernels/mmvq.cu's."""
+    """launch.py's copies of mmvq_tc_q4_K's warps (and where its blocks are twice as wide), range cap and stages, and
+    its window size in mmvqt_smem_bytes, equal kernels/mmvq.cu's."""
     from engine.cuda import launch
     c = kernel_constants("mmvq")
-    assert (c["MMVQT_WARPS"], c["MMVQT_MAX_RANGE"], c["MMVQT_STAGES"]) == \
-        (launch.MMVQT_WARPS, launch.MMVQT_MAX_RANGE, launch.MMVQT_STAGES)
+    assert (c["MMVQT_WARPS"], c["MMVQT_MAX_RANGE"], c["MMVQT_STAGES"], c["MMVQT_WIDE_FROM"]) == \
+        (launch.MMVQT_WARPS, launch.MMVQT_MAX_RANGE, launch.MMVQT_STAGES, launch.MMVQT_WIDE_FROM)
     acts_and_sums = 8 * 8 * (32 + 8) + c["MMVQT_WARPS"] * 16 * 4     # k = 256, one column: 8 chunks x 8 B columns
     assert launch.mmvqt_smem_bytes(256, 1, 1) == acts_and_sums + c["MMVQT_WARPS"] * 16 * c["MMVQT_WIN_LD"]
+    wide = 2 * c["MMVQT_WARPS"]                                     # 8 columns: twice the warps
+    assert launch.mmvqt_warps(8) == wide and launch.mmvqt_warps(c["MMVQT_WIDE_FROM"] - 1) == c["MMVQT_WARPS"]
+    assert launch.mmvqt_smem_bytes(256, 8, 1) == 8 * 8 * (32 + 8) + wide * (16 * 8 * 4 + 16 * c["MMVQT_WIN_LD"])
 
 
 @pytest.mark.skipif(NVCC is None, reason="no CUDA compiler on this machine")

@@ -179,14 +179,15 @@ def test_q4_K_mmvq_kernels_every_ncols(monkeypatch, kernel):
 
 def test_q4_K_mmvq_tc_every_split(monkeypatch):
     """mmvq_tc_q4_K with k cut into 1..7 ranges (ENGINE_MMVQ_TC_SPLITS; the last range's block adds the ranges'
-    sums): against numpy, the same bits run to run, and its counters left at zero; plain, q/k/v and GLU."""
+    sums; at 8 columns the blocks of twice the warps): against numpy, the same bits run to run, and its counters left
+    at zero; plain, q/k/v and GLU."""
     import cupy as cp
     from engine.cuda import dispatch, launch
     monkeypatch.setenv("ENGINE_MMVQ_TC", "all")
     rng = np.random.default_rng()
     m, k = 300, 1792                                               # 3 row blocks of 128, 7 super-blocks per row
     (w, rw), (wk, rk), (wu, ru) = (random_weight(GGMLType.Q4_K, rows, k, rng) for rows in (m, 45, m))
-    for n in (1, 6, 13):
+    for n in (1, 6, 8, 13):
         x = rng.standard_normal((n, k)).astype(np.float32)
         _, xq = q8_1_ref(x)
         gate, up = xq @ rw.T, xq @ ru.T

@@ -96,7 +96,8 @@ def test_mmvq_kernel_choice(monkeypatch):
 
 
 def test_mmvqt_splits(monkeypatch):
-    """mmvq_tc_q4_K's k ranges: about two blocks per SM, at most MMVQT_MAX_RANGE super-blocks each, none empty."""
+    """mmvq_tc_q4_K's k ranges: about two blocks per SM (one where its blocks are twice as wide), at most
+    MMVQT_MAX_RANGE super-blocks each, none empty."""
     from engine.cuda import launch
     monkeypatch.setattr(launch, "_sm_count", lambda: 132)
     monkeypatch.delenv("ENGINE_MMVQ_TC_SPLITS", raising=False)
@@ -105,6 +106,8 @@ def test_mmvqt_splits(monkeypatch):
     assert launch.mmvqt_splits(2, 1792) == 7              # capped by the 7 super-blocks
     assert launch.mmvqt_splits(1000, 8192) == 2           # at most 16 super-blocks per range
     assert launch.mmvqt_splits(32, 14336 - 256) == 8 and launch.mmvqt_splits(44, 2560) == 5   # ranges of 7, 2
+    assert launch.mmvqt_rows(0, 8) == 256 and launch.mmvqt_rows(1, 8) == 128 and launch.mmvqt_rows(0, 7) == 128
+    assert launch.mmvqt_splits(16, 14336, 8) == 8         # 8 columns: 16 row blocks of 256, one block per SM
     for rb in (1, 7, 32, 100, 300):
         for k in (256, 1792, 4096, 14336, 28672):
             s = launch.mmvqt_splits(rb, k)

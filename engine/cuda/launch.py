@@ -52,6 +52,7 @@ TC_MIN_WEIGHTS = 32 << 20
 TC_2COL_K_PER_ROW = 2
 MMVQT_WARPS = 8                                     # kernels/mmvq.cu: warps (16-row tiles) per mmvq_tc_q4_K block
 MMVQT_BLOCKS_PER_SM = 2                             # its blocks an SM holds (128 registers per thread)
+MMVQT_WIDE_FROM = 8                                 # ... from this many columns to 8: twice the warps, one block per SM
 MMVQT_MAX_RANGE = 16                                # super-blocks per k range at most (its shared memory)
 
 
@@ -67,17 +68,27 @@ def _use_tc(t: int, n: int, weights: int = 0, k: int = 0) -> bool:
     return mode == "all" or n >= TC_ALL_COLS or (n >= min_cols and weights >= TC_MIN_WEIGHTS)
 
 
-def mmvqt_rows(glu: int) -> int:
+def _mmvqt_wide(ncols: int) -> bool:
+    return MMVQT_WIDE_FROM <= ncols <= 8
+
+
+def mmvqt_warps(ncols: int) -> int:
+    """Warps (16-row tiles) per mmvq_tc_q4_K block at ncols columns (kernels/mmvq.cu mmvqt_warps)."""
+    return 2 * MMVQT_WARPS if _mmvqt_wide(ncols) else MMVQT_WARPS
+
+
+def mmvqt_rows(glu: int, ncols: int = 1) -> int:
     """Output rows per mmvq_tc_q4_K block: a 16-row tile per warp (GLU: per two warps, the gate's and the up's)."""
-    return 16 * MMVQT_WARPS // (2 if glu else 1)
+    return 16 * mmvqt_warps(ncols) // (2 if glu else 1)
 
 
-def mmvqt_splits(row_blocks: int, k: int) -> int:
-    """k ranges of an mmvq_tc_q4_K launch of row_blocks row blocks: enough blocks to fill the SMs' block slots, each
-    range at most MMVQT_MAX_RANGE super-blocks, none empty; ENGINE_MMVQ_TC_SPLITS=N asks for N."""
+def mmvqt_splits(row_blocks: int, k: int, ncols: int = 1) -> int:
+    """k ranges of an mmvq_tc_q4_K launch of row_blocks row blocks at ncols columns: enough blocks to fill the SMs'
+    block slots, each range at most MMVQT_MAX_RANGE super-blocks, none empty; ENGINE_MMVQ_TC_SPLITS=N asks for N."""
     nsb = k // 256
     forced = os.environ.get("ENGINE_MMVQ_TC_SPLITS")
-    want = int(forced) if forced else round(_sm_count() * MMVQT_BLOCKS_PER_SM / row_blocks)
+    per_sm = 1 if _mmvqt_wide(ncols) else MMVQT_BLOCKS_PER_SM
+    want = int(forced) if forced else round(_sm_count() * per_sm / row_blocks)
     splits = min(nsb, max(1, want, -(-nsb // MMVQT_MAX_RANGE)))
     per = -(-nsb // splits)
     return -(-nsb // per)
@@ -93,7 +104,7 @@ def mmvqt_smem_bytes(k: int, ncols: int, splits: int, stages: int = MMVQT_STAGES
     nsb = k // 256
     chunks, cols = -(-nsb // splits) * 8, (ncols + 7) // 8 * 8
     window = 16 * (128 * (4 if stages <= 2 else 8) + 16)
-    return chunks * cols * (32 + 8) + MMVQT_WARPS * 16 * ncols * 4 + MMVQT_WARPS * window
+    return chunks * cols * (32 + 8) + mmvqt_warps(ncols) * (16 * ncols * 4 + window)
 
 
 _tc_scratch: list = []                  # (partial sums, counters) of mmvq_tc_q4_K, kept: graphs hold their addresses
@@ -196,7 +207,7 @@ def mmvq_choice(t: int, n: int, glu: int, weights: int = 0, k: int = 0) -> tuple
     columns (glu: 0, or 1 / 2 for the silu / gelu epilogue) in a launch reading `weights` weights (rows x k). For
     mmvq_tc_q4_K: its rows per block, no groups function and no threads (mmvq_launches has its launch rule)."""
     if _use_tc(t, n, weights, k):
-        return f"mmvq_tc_q4_K<{n}, {glu}>", mmvqt_rows(glu), None, None
+        return f"mmvq_tc_q4_K<{n}, {glu}>", mmvqt_rows(glu, n), None, None
     if _use_mma(t, n):
         return f"mmvq_mma_q4_K<{n}, {glu}>", 16, _one_group, 32 * MMVQM_WARPS
     if _use_pieces(t, n):
@@ -248,11 +259,11 @@ def mmvq_launches(ws: list[GPUWeight], qs, ds, n: int, ys: list, glu: int = 0) -
         xs = (qs[j:j + nj], ds[j:j + nj], [y[j:j + nj] for y in ys])
         if groups_for is None:                        # mmvq_tc_q4_K: row blocks x k ranges, partial sums, counters
             row_blocks = sum((w.m + rows - 1) // rows for w in served)
-            splits = mmvqt_splits(row_blocks, k)
+            splits = mmvqt_splits(row_blocks, k, nj)
             smem = mmvqt_smem_bytes(k, nj, splits)
-            part, counters = _mmvqt_scratch(row_blocks * splits * mmvqt_rows(0) * nj, row_blocks)
+            part, counters = _mmvqt_scratch(row_blocks * splits * mmvqt_rows(0, nj) * nj, row_blocks)
             launches.append((functools.partial(_with_smem(fn, smem), shared_mem=smem), (row_blocks, splits),
-                             (32 * MMVQT_WARPS,), mmvq_args(ws, *xs, splits, bool(glu)) + (part, counters)))
+                             (32 * mmvqt_warps(nj),), mmvq_args(ws, *xs, splits, bool(glu)) + (part, counters)))
             continue
         groups = groups_for(t, sum(w.m for w in served), k)
         per_block = groups * rows

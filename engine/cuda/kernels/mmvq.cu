@@ -600,15 +600,27 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 // last of a row block's ranges to finish (counter) adds the ranges' sums in order z = 0, 1, ... and writes y (the
 // same sums in the same order every run), then resets the counter for the next launch. (Distributed shared memory in
 // a cluster of the ranges was measured slower: clusters of 4 or 8 do not all fit in one wave, BENCHMARKS.md.)
-// Launch rule (launch.mmvq_launches, launch.mmvqt_splits): block 32 * MMVQT_WARPS threads, grid (row blocks summed
-// over the matrices (GLU: over m0), splits), dynamic shared memory launch.mmvqt_smem_bytes; part holds
-// gridDim.x * splits * 128 * NCOLS floats, counters gridDim.x ints, zero before the first launch.
+// Launch rule (launch.mmvq_launches, launch.mmvqt_splits): block 32 * mmvqt_warps(NCOLS) threads, grid (row blocks
+// summed over the matrices (GLU: over m0), splits), dynamic shared memory launch.mmvqt_smem_bytes; part holds
+// gridDim.x * splits * 16 * mmvqt_warps(NCOLS) * NCOLS floats, counters gridDim.x ints, zero before the first launch.
 #ifndef MMVQT_WARPS
 #define MMVQT_WARPS 8
 #endif
 #ifndef MMVQT_MIN_BLOCKS
 #define MMVQT_MIN_BLOCKS 2                     // blocks per SM the registers must allow
 #endif
+#ifndef MMVQT_WIDE_FROM
+#define MMVQT_WIDE_FROM 8                      // from this many columns to 8: 2 x MMVQT_WARPS warps, one block per SM
+                                               // (half the activation traffic: 0.6 us faster at n = 8, slower at
+                                               // n = 1..4; BENCHMARKS.md, seventeenth session)
+#endif
+// warps (16-row tiles) per block, and blocks per SM the registers must allow, at NCOLS columns (launch.mmvqt_warps)
+__host__ __device__ constexpr int mmvqt_warps(int ncols) {
+    return ncols >= MMVQT_WIDE_FROM && ncols <= 8 ? 2 * MMVQT_WARPS : MMVQT_WARPS;
+}
+__host__ __device__ constexpr int mmvqt_min_blocks(int ncols) {
+    return ncols >= MMVQT_WIDE_FROM && ncols <= 8 ? 1 : MMVQT_MIN_BLOCKS;
+}
 #ifndef MMVQT_STAGES
 #define MMVQT_STAGES 2                         // super-blocks of a warp's tile in flight (their lines) + 1
 #endif
@@ -624,26 +636,12 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 #ifndef MMVQT_PASSES
 #define MMVQT_PASSES 1
 #endif
-// Experiment, not yet run (BENCHMARKS.md, sixteenth session): where the d_x loads are issued, 0 after the first
-// super-block's line copies, 1 after the activations' copies, before the lines, 2 before both. In SASS they follow
-// every line copy, and the prologue takes 3.6-4.5 us: perhaps they queue behind the lines' DRAM misses.
-#ifndef MMVQT_DSFIRST
-#define MMVQT_DSFIRST 0
-#endif
-// Experiment, not yet run: 1 = the ranges' sums are stored and added V = 4 (or 2) columns per load where NCOLS
-// allows (16-byte / 8-byte loads); the adding's time grows with its loads per thread (BENCHMARKS.md, sixteenth session).
+// 1: the ranges' sums are stored and added V = 4 (or 2) columns per load where NCOLS allows (16- / 8-byte loads; the
+// adding's time grows with its loads per thread: 0.34-0.40 us faster at n = 4 and 8, BENCHMARKS.md seventeenth session)
 #ifndef MMVQT_ADDV
-#define MMVQT_ADDV 0
+#define MMVQT_ADDV 1
 #endif
 template <int V> struct alignas(4 * V) FloatVec { float v[V]; };   // V consecutive floats, loaded as one
-// The lane's (chunk, column) d_x and d_x sum x loads of mmvq_tc_q4_K's k range into dsq[DS_MAX]
-#define MMVQT_LOAD_DS()                                                                                               \
-    _Pragma("unroll") for (int e = 0; e < DS_MAX; ++e) {                                                              \
-        const int i = threadIdx.x + e * blockDim.x, c = i / C8, col = i % C8;                                         \
-        dsq[e] = make_float4(0.f, 0.f, 0.f, 0.f);                                                                     \
-        if (i < chunks * C8 && col < NCOLS && !(MMVQT_DIAG & 1))                                                      \
-            dsq[e] = *(const float4*)(ds + (long long)col * (k >> 4) + 2 * (chunk0 + c));                             \
-    }
 
 // MMVQT_TRACE (a timing diagnostic, bench_mmvq_tc_variants.py TRACE=1): thread 0 of each of the first 1024 blocks
 // (y-major) records [globaltimer at entry, clock64 at entry, after the prologue, after the loop, after the count
@@ -790,10 +788,11 @@ __device__ __forceinline__ void q4k_tile_dot(const Q4KTileRows& r, const signed 
 }
 
 template <int NCOLS, int GLU>
-__global__ void __launch_bounds__(MMVQT_WARPS * 32, MMVQT_MIN_BLOCKS)
+__global__ void __launch_bounds__(mmvqt_warps(NCOLS) * 32, mmvqt_min_blocks(NCOLS))
 mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) {
+    constexpr int WARPS = mmvqt_warps(NCOLS);
     constexpr int NB = (NCOLS + 7) / 8, C8 = 8 * NB;              // C8: the B tiles' columns
-    constexpr int ROWS = 16 * MMVQT_WARPS / (GLU ? 2 : 1);        // output rows per block (launch.mmvqt_rows)
+    constexpr int ROWS = 16 * WARPS / (GLU ? 2 : 1);              // output rows per block (launch.mmvqt_rows)
     MMVQT_STAMP_ENTRY();
     const int splits = groups, z = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
@@ -803,8 +802,8 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
     signed char* xq = (signed char*)mmvqt_smem;                   // [per * 8 chunks][C8][32] activations
     float* dxs = (float*)(xq + per * 8 * C8 * 32);                // [per * 8][C8] d_x (odd chunks: d_x / 16)
     float* sxs = dxs + per * 8 * C8;                              // [per * 8][C8] d_x * sum x
-    float* sums = sxs + per * 8 * C8;                             // [8 warps][16][NCOLS] the warps' tile sums
-    u8* win = (u8*)(sums + MMVQT_WARPS * 16 * NCOLS) + warp * 16 * MMVQT_WIN_LD;   // [16][WIN_LD] the warp's window
+    float* sums = sxs + per * 8 * C8;                             // [WARPS][16][NCOLS] the warps' tile sums
+    u8* win = (u8*)(sums + WARPS * 16 * NCOLS) + warp * 16 * MMVQT_WIN_LD;   // [16][WIN_LD] the warp's window
     int b = blockIdx.x, m = m0;
     const u8* w = w0;
     float* y = y0;
@@ -817,12 +816,6 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
     const u8* tile = w + (long long)tile0 * row_bytes;
     const u32 win_at = smem_addr(win);
     const int chunk0 = sb0 * 8, chunks = count * 8;
-    constexpr int DS_MAX = (MMVQT_MAX_RANGE * 8 * C8 + MMVQT_WARPS * 32 - 1) / (MMVQT_WARPS * 32);
-    float4 dsq[DS_MAX];                                           // the lane's (chunk, column) d_x, sums: all loads
-                                                                  // in flight (MMVQT_LOAD_DS), then the stores
-#if MMVQT_DSFIRST == 2
-    MMVQT_LOAD_DS();
-#endif
     for (int i = threadIdx.x; i < chunks * C8 * 2 && !(MMVQT_DIAG & 1); i += blockDim.x) {   // 16-byte halves of
         const int c = i / (C8 * 2), col = (i >> 1) % C8, half = i & 1;                   // (chunk, column)
         signed char* dst = xq + (c * C8 + col) * 32 + 16 * half;
@@ -830,17 +823,20 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
         else *(uint4*)dst = make_uint4(0u, 0u, 0u, 0u);
     }
     cp_async_commit();                                            // the activations: the oldest group
-#if MMVQT_DSFIRST == 1
-    MMVQT_LOAD_DS();
-#endif
     if (live)
         for (int i = 0; i < MMVQT_STAGES - 1; ++i) {              // super-block i's lines
             if (i < count) stager.lines_through(win_at, tile, next_line, sb0 + i, lane);
             cp_async_commit();
         }
-#if MMVQT_DSFIRST == 0
-    MMVQT_LOAD_DS();
-#endif
+    constexpr int DS_MAX = (MMVQT_MAX_RANGE * 8 * C8 + WARPS * 32 - 1) / (WARPS * 32);
+    float4 dsq[DS_MAX];                                           // the lane's (chunk, column) d_x, sums: all loads
+#pragma unroll                                                    // in flight, then the stores
+    for (int e = 0; e < DS_MAX; ++e) {
+        const int i = threadIdx.x + e * blockDim.x, c = i / C8, col = i % C8;
+        dsq[e] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (i < chunks * C8 && col < NCOLS && !(MMVQT_DIAG & 1))
+            dsq[e] = *(const float4*)(ds + (long long)col * (k >> 4) + 2 * (chunk0 + c));
+    }
 #pragma unroll
     for (int e = 0; e < DS_MAX; ++e) {
         const int i = threadIdx.x + e * blockDim.x, c = i / C8;
@@ -881,7 +877,7 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
         }
     __syncthreads();
     MMVQT_STAMP(3);
-    constexpr int P = MMVQT_WARPS * 16 * NCOLS;                  // one block's sums
+    constexpr int P = WARPS * 16 * NCOLS;                        // one block's sums
     const float* src = sums;                                      // the sums to add: this block's, or every range's
     long long zstride = 0;
     if (splits > 1 && !(MMVQT_DIAG & 4)) {
@@ -914,7 +910,7 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
     }
     constexpr int V = MMVQT_ADDV ? (NCOLS % 4 == 0 ? 4 : NCOLS % 2 == 0 ? 2 : 1) : 1;   // columns per load
     constexpr int GROUPS = ROWS * NCOLS / V;                     // (row, V columns) groups to add
-    constexpr int OUTS = (GROUPS + MMVQT_WARPS * 32 - 1) / (MMVQT_WARPS * 32);   // groups per thread
+    constexpr int OUTS = (GROUPS + WARPS * 32 - 1) / (WARPS * 32);   // groups per thread
     constexpr int BATCH = OUTS < 4 / V ? OUTS : (4 / V > 0 ? 4 / V : 1);   // groups whose ranges' loads go together
 #pragma unroll 1
     for (int pass = 0; pass < MMVQT_PASSES; ++pass)               // (a timing diagnostic above 1)
