@@ -77,6 +77,12 @@ def mmvqt_warps(ncols: int) -> int:
     return 2 * MMVQT_WARPS if _mmvqt_wide(ncols) else MMVQT_WARPS
 
 
+def mmvqt_sums_cols(ncols: int) -> int:
+    """Floats per row of an mmvq_tc_q4_K block's sums (kernels/mmvq.cu mmvqt_sums_cols): past 2 columns, padded
+    to 4."""
+    return -(-ncols // 4) * 4 if ncols > 2 else ncols
+
+
 def mmvqt_rows(glu: int, ncols: int = 1) -> int:
     """Output rows per mmvq_tc_q4_K block: a 16-row tile per warp (GLU: per two warps, the gate's and the up's)."""
     return 16 * mmvqt_warps(ncols) // (2 if glu else 1)
@@ -104,7 +110,7 @@ def mmvqt_smem_bytes(k: int, ncols: int, splits: int, stages: int = MMVQT_STAGES
     nsb = k // 256
     chunks, cols = -(-nsb // splits) * 8, (ncols + 7) // 8 * 8
     window = 16 * (128 * (4 if stages <= 2 else 8) + 16)
-    return chunks * cols * (32 + 8) + mmvqt_warps(ncols) * (16 * ncols * 4 + window)
+    return chunks * cols * (32 + 8) + mmvqt_warps(ncols) * (16 * mmvqt_sums_cols(ncols) * 4 + window)
 
 
 _tc_scratch: list = []                  # (partial sums, counters) of mmvq_tc_q4_K, kept: graphs hold their addresses
@@ -261,7 +267,7 @@ def mmvq_launches(ws: list[GPUWeight], qs, ds, n: int, ys: list, glu: int = 0) -
             row_blocks = sum((w.m + rows - 1) // rows for w in served)
             splits = mmvqt_splits(row_blocks, k, nj)
             smem = mmvqt_smem_bytes(k, nj, splits)
-            part, counters = _mmvqt_scratch(row_blocks * splits * mmvqt_rows(0, nj) * nj, row_blocks)
+            part, counters = _mmvqt_scratch(row_blocks * splits * mmvqt_rows(0, nj) * mmvqt_sums_cols(nj), row_blocks)
             launches.append((functools.partial(_with_smem(fn, smem), shared_mem=smem), (row_blocks, splits),
                              (32 * mmvqt_warps(nj),), mmvq_args(ws, *xs, splits, bool(glu)) + (part, counters)))
             continue

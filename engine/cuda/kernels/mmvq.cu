@@ -602,7 +602,8 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 // a cluster of the ranges was measured slower: clusters of 4 or 8 do not all fit in one wave, BENCHMARKS.md.)
 // Launch rule (launch.mmvq_launches, launch.mmvqt_splits): block 32 * mmvqt_warps(NCOLS) threads, grid (row blocks
 // summed over the matrices (GLU: over m0), splits), dynamic shared memory launch.mmvqt_smem_bytes; part holds
-// gridDim.x * splits * 16 * mmvqt_warps(NCOLS) * NCOLS floats, counters gridDim.x ints, zero before the first launch.
+// gridDim.x * splits * 16 * mmvqt_warps(NCOLS) * mmvqt_sums_cols(NCOLS) floats, counters gridDim.x ints, zero before
+// the first launch.
 #ifndef MMVQT_WARPS
 #define MMVQT_WARPS 8
 #endif
@@ -636,11 +637,10 @@ __host__ __device__ constexpr int mmvqt_min_blocks(int ncols) {
 #ifndef MMVQT_PASSES
 #define MMVQT_PASSES 1
 #endif
-// 1: the ranges' sums are stored and added V = 4 (or 2) columns per load where NCOLS allows (16- / 8-byte loads; the
-// adding's time grows with its loads per thread: 0.34-0.40 us faster at n = 4 and 8, BENCHMARKS.md seventeenth session)
-#ifndef MMVQT_ADDV
-#define MMVQT_ADDV 1
-#endif
+// A row's sums in shared memory and part: padded to 4 columns above 2, so that the last block adds them 4 (or 2)
+// columns per load (16- / 8-byte loads; the adding's time grows with its loads per thread: 0.19-0.40 us faster at
+// n = 4 and 8 than one column per load, BENCHMARKS.md seventeenth session)
+__host__ __device__ constexpr int mmvqt_sums_cols(int ncols) { return ncols > 2 ? (ncols + 3) / 4 * 4 : ncols; }
 template <int V> struct alignas(4 * V) FloatVec { float v[V]; };   // V consecutive floats, loaded as one
 
 // MMVQT_TRACE (a timing diagnostic, bench_mmvq_tc_variants.py TRACE=1): thread 0 of each of the first 1024 blocks
@@ -792,6 +792,7 @@ __global__ void __launch_bounds__(mmvqt_warps(NCOLS) * 32, mmvqt_min_blocks(NCOL
 mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) {
     constexpr int WARPS = mmvqt_warps(NCOLS);
     constexpr int NB = (NCOLS + 7) / 8, C8 = 8 * NB;              // C8: the B tiles' columns
+    constexpr int LD = mmvqt_sums_cols(NCOLS);                    // a row's sums (launch.mmvqt_sums_cols)
     constexpr int ROWS = 16 * WARPS / (GLU ? 2 : 1);              // output rows per block (launch.mmvqt_rows)
     MMVQT_STAMP_ENTRY();
     const int splits = groups, z = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -802,8 +803,8 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
     signed char* xq = (signed char*)mmvqt_smem;                   // [per * 8 chunks][C8][32] activations
     float* dxs = (float*)(xq + per * 8 * C8 * 32);                // [per * 8][C8] d_x (odd chunks: d_x / 16)
     float* sxs = dxs + per * 8 * C8;                              // [per * 8][C8] d_x * sum x
-    float* sums = sxs + per * 8 * C8;                             // [WARPS][16][NCOLS] the warps' tile sums
-    u8* win = (u8*)(sums + WARPS * 16 * NCOLS) + warp * 16 * MMVQT_WIN_LD;   // [16][WIN_LD] the warp's window
+    float* sums = sxs + per * 8 * C8;                             // [WARPS][16][LD] the warps' tile sums
+    u8* win = (u8*)(sums + WARPS * 16 * LD) + warp * 16 * MMVQT_WIN_LD;   // [16][WIN_LD] the warp's window
     int b = blockIdx.x, m = m0;
     const u8* w = w0;
     float* y = y0;
@@ -873,20 +874,16 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const int col = 8 * nb + 2 * t + (l & 1);
-            if (col < NCOLS) sums[(warp * 16 + g + 8 * (l >> 1)) * NCOLS + col] = acc[nb][l];
+            if (col < LD) sums[(warp * 16 + g + 8 * (l >> 1)) * LD + col] = acc[nb][l];   // (past NCOLS: 0)
         }
     __syncthreads();
     MMVQT_STAMP(3);
-    constexpr int P = WARPS * 16 * NCOLS;                        // one block's sums
+    constexpr int P = WARPS * 16 * LD;                           // one block's sums
     const float* src = sums;                                      // the sums to add: this block's, or every range's
     long long zstride = 0;
     if (splits > 1 && !(MMVQT_DIAG & 4)) {
         float* mine = part + ((long long)blockIdx.x * splits + z) * P;
-#if MMVQT_ADDV
         for (int i = threadIdx.x; i < P / 4; i += blockDim.x) ((float4*)mine)[i] = ((const float4*)sums)[i];
-#else
-        for (int i = threadIdx.x; i < P; i += blockDim.x) mine[i] = sums[i];
-#endif
         __syncthreads();
         __shared__ int last;
         if (threadIdx.x == 0) {                                   // one fence for the block (the barrier orders
@@ -908,8 +905,8 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
         src = part + (long long)blockIdx.x * splits * P;
         zstride = P;
     }
-    constexpr int V = MMVQT_ADDV ? (NCOLS % 4 == 0 ? 4 : NCOLS % 2 == 0 ? 2 : 1) : 1;   // columns per load
-    constexpr int GROUPS = ROWS * NCOLS / V;                     // (row, V columns) groups to add
+    constexpr int V = LD % 4 == 0 ? 4 : LD % 2 == 0 ? 2 : 1;      // columns per load
+    constexpr int GROUPS = ROWS * LD / V;                        // (row, V columns) groups to add
     constexpr int OUTS = (GROUPS + WARPS * 32 - 1) / (WARPS * 32);   // groups per thread
     constexpr int BATCH = OUTS < 4 / V ? OUTS : (4 / V > 0 ? 4 / V : 1);   // groups whose ranges' loads go together
 #pragma unroll 1
@@ -925,15 +922,15 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
             FloatVec<V> va[BATCH][8], vu[BATCH][8];               // in order
 #pragma unroll
             for (int u = 0; u < BATCH; ++u) {
-                const int idx = threadIdx.x + (o0 + u) * blockDim.x, rr = idx * V / NCOLS, j = idx * V % NCOLS;
+                const int idx = threadIdx.x + (o0 + u) * blockDim.x, rr = idx * V / LD, j = idx * V % LD;
                 const int slot = GLU ? 2 * (rr >> 4) : rr >> 4;   // the warp that computed the row (GLU: its gate)
-                const float* v = src + (slot * 16 + (rr & 15)) * NCOLS + j;   // range 0's sum (GLU: + 16 NCOLS, up's)
+                const float* v = src + (slot * 16 + (rr & 15)) * LD + j;   // range 0's sum (GLU: + 16 LD, up's)
 #pragma unroll
                 for (int e = 0; e < 8; ++e)
                     if (idx < GROUPS && q0 + e < splits) {
                         const float* p = v + (q0 + e) * zstride;
                         va[u][e] = *(const FloatVec<V>*)p;
-                        if (GLU) vu[u][e] = *(const FloatVec<V>*)(p + 16 * NCOLS);
+                        if (GLU) vu[u][e] = *(const FloatVec<V>*)(p + 16 * LD);
                     }
             }
 #pragma unroll
@@ -949,11 +946,12 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
         }
 #pragma unroll
         for (int u = 0; u < BATCH; ++u) {
-            const int idx = threadIdx.x + (o0 + u) * blockDim.x, rr = idx * V / NCOLS, j = idx * V % NCOLS;
+            const int idx = threadIdx.x + (o0 + u) * blockDim.x, rr = idx * V / LD, j = idx * V % LD;
 #pragma unroll
             for (int c = 0; c < V; ++c) {
                 const float v = GLU ? glu_act(GLU, a[u].v[c]) * up[u].v[c] : a[u].v[c];
-                if (idx < GROUPS && row0 + rr < m) y[(long long)(j + c) * m + row0 + rr] = v;
+                if (idx < GROUPS && row0 + rr < m && (LD == NCOLS || j + c < NCOLS))   // (not the padding)
+                    y[(long long)(j + c) * m + row0 + rr] = v;
             }
         }
     }
