@@ -52,7 +52,7 @@ TC_MIN_WEIGHTS = 32 << 20
 TC_2COL_K_PER_ROW = 2
 MMVQT_WARPS = 8                                     # kernels/mmvq.cu: warps (16-row tiles) per mmvq_tc_q4_K block
 MMVQT_BLOCKS_PER_SM = 2                             # its blocks an SM holds (128 registers per thread)
-MMVQT_WIDE_FROM = 8                                 # ... from this many columns to 8: twice the warps, one block per SM
+MMVQT_WIDE_FROM = 6                                 # ... from this many columns to 8: twice the warps, one block per SM
 MMVQT_MAX_RANGE = 16                                # super-blocks per k range at most (its shared memory)
 
 

@@ -611,7 +611,7 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 #define MMVQT_MIN_BLOCKS 2                     // blocks per SM the registers must allow
 #endif
 #ifndef MMVQT_WIDE_FROM
-#define MMVQT_WIDE_FROM 8                      // from this many columns to 8: 2 x MMVQT_WARPS warps, one block per SM
+#define MMVQT_WIDE_FROM 6                      // from this many columns to 8: 2 x MMVQT_WARPS warps, one block per SM
                                                // (half the activation traffic: 0.6 us faster at n = 8, slower at
                                                // n = 1..4; BENCHMARKS.md, seventeenth session)
 #endif
