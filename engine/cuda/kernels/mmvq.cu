@@ -581,8 +581,9 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 
 // ---- Tensor-core MMVQ for Q4_K over k ranges (mmvq_tc_q4_K): same arguments, matrices, GLU and output as mmvq,
 // 1..16 columns, plus a partial-sum scratch and one counter per row block; groups = the k ranges ("splits").
-// Block (x, z) serves 128 consecutive rows (with GLU: 64 rows of the gate and the up matrix) over k range z, one
-// 16-row tile per warp (GLU: warps 2i and 2i + 1 take tile i's gate and up rows). The block first copies its k range's
+// Block (x, z) serves 16 x mmvqt_warps(NCOLS) consecutive rows (128; 256 at 6..8 columns, where sharing the activations
+// among more rows pays; with GLU half as many rows of the gate and the up matrix) over k range z, one 16-row tile per
+// warp (GLU: warps 2i and 2i + 1 take tile i's gate and up rows). The block first copies its k range's
 // activations of all NCOLS columns (NB = ceil(NCOLS / 8) B tiles of 8) into shared memory (cp.async), with each
 // chunk's d_x and d_x sum x (their loads all in flight at once): every warp of the block, and every row, reads them
 // there. Each warp then walks its tile's super-blocks in order, staging its 16 rows' 128-byte lines (cp.async, past L1;
