@@ -613,8 +613,8 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 #endif
 #ifndef MMVQT_WIDE_FROM
 #define MMVQT_WIDE_FROM 6                      // from this many columns to 8: 2 x MMVQT_WARPS warps, one block per SM
-                                               // (half the activation traffic: 0.6 us faster at n = 8, slower at
-                                               // n = 1..4; BENCHMARKS.md, seventeenth session)
+                                               // (half the activation traffic: 0.3-0.7 us faster at n = 6..8,
+                                               // slower at n = 1..5; BENCHMARKS.md, seventeenth session)
 #endif
 // warps (16-row tiles) per block, and blocks per SM the registers must allow, at NCOLS columns (launch.mmvqt_warps)
 __host__ __device__ constexpr int mmvqt_warps(int ncols) {
@@ -909,7 +909,7 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
     constexpr int V = LD % 4 == 0 ? 4 : LD % 2 == 0 ? 2 : 1;      // columns per load
     constexpr int GROUPS = ROWS * LD / V;                        // (row, V columns) groups to add
     constexpr int OUTS = (GROUPS + WARPS * 32 - 1) / (WARPS * 32);   // groups per thread
-    constexpr int BATCH = OUTS < 4 / V ? OUTS : (4 / V > 0 ? 4 / V : 1);   // groups whose ranges' loads go together
+    constexpr int BATCH = OUTS < 4 / V ? OUTS : 4 / V;            // groups whose ranges' loads go together
 #pragma unroll 1
     for (int pass = 0; pass < MMVQT_PASSES; ++pass)               // (a timing diagnostic above 1)
 #pragma unroll
