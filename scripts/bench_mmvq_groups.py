@@ -62,9 +62,8 @@ def main():
         if int(t) in launch.MMA_TYPES:
             kinds.append(("mmvq_mma", lambda n: f"mmvq_mma_q4_K<{n}, 0>", lambda n: 16, launch._one_group,
                           32 * launch.MMVQM_WARPS, (1,)))
-        if int(t) in launch.TC_TYPES:            # "groups" here: k ranges (launch.mmvqt_splits), launched as dispatched
-            kinds.append(("mmvq_tc", None, None,
-                          lambda t, m, k: launch.mmvqt_splits((m + 127) // 128, k), None, (1, 2, 4, 8)))
+        if int(t) in launch.TC_TYPES:            # "groups" here: k ranges (launch.mmvqt_splits, which also takes n),
+            kinds.append(("mmvq_tc", None, None, None, None, (1, 2, 4, 8)))   # launched as dispatched
         for kname, name_of, rows_of, rule, threads, splits in kinds:
             if kname not in args.kernels.split(","):
                 continue
@@ -73,7 +72,7 @@ def main():
                 qs, ds = launch.quantize_q8_1(cp.asarray(rng.standard_normal((n, k)).astype(np.float32)))
                 out = cp.empty((n, m), cp.float32)
                 times = {}
-                chosen = rule(int(t), m, k)
+                chosen = rule(int(t), m, k) if rule else launch.mmvqt_splits(-(-m // launch.mmvqt_rows(0, n)), k, n)
                 for groups in sorted(set(splits) | {chosen}):
                     if name_of is None:              # mmvq_tc: its launches with the k ranges forced
                         os.environ["ENGINE_MMVQ_TC"], os.environ["ENGINE_MMVQ_TC_SPLITS"] = "all", str(groups)

@@ -101,23 +101,23 @@ def test_mmvqt_splits(monkeypatch):
     from engine.cuda import launch
     monkeypatch.setattr(launch, "_sm_count", lambda: 132)
     monkeypatch.delenv("ENGINE_MMVQ_TC_SPLITS", raising=False)
-    assert launch.mmvqt_splits(32, 14336) == 8            # 4096 x 14336: 32 row blocks x 8 ranges of 7
-    assert launch.mmvqt_splits(224, 4096) == 1            # gate/up GLU of 14336 rows: one range of 16
-    assert launch.mmvqt_splits(2, 1792) == 7              # capped by the 7 super-blocks
-    assert launch.mmvqt_splits(1000, 8192) == 2           # at most 16 super-blocks per range
-    assert launch.mmvqt_splits(32, 14336 - 256) == 8 and launch.mmvqt_splits(44, 2560) == 5   # ranges of 7, 2
+    assert launch.mmvqt_splits(32, 14336, 1) == 8         # 4096 x 14336: 32 row blocks x 8 ranges of 7
+    assert launch.mmvqt_splits(224, 4096, 1) == 1         # gate/up GLU of 14336 rows: one range of 16
+    assert launch.mmvqt_splits(2, 1792, 1) == 7           # capped by the 7 super-blocks
+    assert launch.mmvqt_splits(1000, 8192, 1) == 2        # at most 16 super-blocks per range
+    assert launch.mmvqt_splits(32, 14336 - 256, 1) == 8 and launch.mmvqt_splits(44, 2560, 1) == 5   # ranges of 7, 2
     assert launch.mmvqt_rows(0, 8) == 256 and launch.mmvqt_rows(1, 6) == 128 and launch.mmvqt_rows(0, 5) == 128
     assert launch.mmvqt_splits(16, 14336, 8) == 8         # 8 columns: 16 row blocks of 256, one block per SM
     assert [launch.mmvqt_sums_cols(n) for n in (1, 2, 3, 5, 7, 8, 13)] == [1, 2, 4, 8, 8, 8, 16]   # past 2: to 4
     for rb in (1, 7, 32, 100, 300):
         for k in (256, 1792, 4096, 14336, 28672):
-            s = launch.mmvqt_splits(rb, k)
+            s = launch.mmvqt_splits(rb, k, 1)
             per = -(-k // 256 // s)
             assert 1 <= s <= k // 256 and per <= launch.MMVQT_MAX_RANGE and (s - 1) * per < k // 256, (rb, k)
     monkeypatch.setenv("ENGINE_MMVQ_TC_SPLITS", "5")
-    assert launch.mmvqt_splits(32, 14336) == 5
+    assert launch.mmvqt_splits(32, 14336, 1) == 5
     monkeypatch.setenv("ENGINE_MMVQ_TC_SPLITS", "1")
-    assert launch.mmvqt_splits(32, 14336) == 4            # 56 super-blocks: at least 4 ranges of <= 16
+    assert launch.mmvqt_splits(32, 14336, 1) == 4         # 56 super-blocks: at least 4 ranges of <= 16
 
 
 def test_mmq_split_rule(monkeypatch):

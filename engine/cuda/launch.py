@@ -83,12 +83,12 @@ def mmvqt_sums_cols(ncols: int) -> int:
     return -(-ncols // 4) * 4 if ncols > 2 else ncols
 
 
-def mmvqt_rows(glu: int, ncols: int = 1) -> int:
+def mmvqt_rows(glu: int, ncols: int) -> int:
     """Output rows per mmvq_tc_q4_K block: a 16-row tile per warp (GLU: per two warps, the gate's and the up's)."""
     return 16 * mmvqt_warps(ncols) // (2 if glu else 1)
 
 
-def mmvqt_splits(row_blocks: int, k: int, ncols: int = 1) -> int:
+def mmvqt_splits(row_blocks: int, k: int, ncols: int) -> int:
     """k ranges of an mmvq_tc_q4_K launch of row_blocks row blocks at ncols columns: enough blocks to fill the SMs'
     block slots, each range at most MMVQT_MAX_RANGE super-blocks, none empty; ENGINE_MMVQ_TC_SPLITS=N asks for N."""
     nsb = k // 256

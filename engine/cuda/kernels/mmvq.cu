@@ -617,12 +617,9 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
                                                // slower at n = 1..5; BENCHMARKS.md, seventeenth session)
 #endif
 // warps (16-row tiles) per block, and blocks per SM the registers must allow, at NCOLS columns (launch.mmvqt_warps)
-__host__ __device__ constexpr int mmvqt_warps(int ncols) {
-    return ncols >= MMVQT_WIDE_FROM && ncols <= 8 ? 2 * MMVQT_WARPS : MMVQT_WARPS;
-}
-__host__ __device__ constexpr int mmvqt_min_blocks(int ncols) {
-    return ncols >= MMVQT_WIDE_FROM && ncols <= 8 ? 1 : MMVQT_MIN_BLOCKS;
-}
+__host__ __device__ constexpr bool mmvqt_wide(int ncols) { return ncols >= MMVQT_WIDE_FROM && ncols <= 8; }
+__host__ __device__ constexpr int mmvqt_warps(int ncols) { return mmvqt_wide(ncols) ? 2 * MMVQT_WARPS : MMVQT_WARPS; }
+__host__ __device__ constexpr int mmvqt_min_blocks(int ncols) { return mmvqt_wide(ncols) ? 1 : MMVQT_MIN_BLOCKS; }
 #ifndef MMVQT_STAGES
 #define MMVQT_STAGES 2                         // super-blocks of a warp's tile in flight (their lines) + 1
 #endif
