@@ -1,13 +1,25 @@
 """Token sampling: penalties, then top-k, top-p, min-p, temperature and a seeded draw (llama.cpp's chain order).
 
-Temperature <= 0 is greedy (argmax after penalties).
+Temperature below GREEDY_BELOW is greedy (argmax after penalties): 1/T would overflow for subnormal temperatures,
+and vLLM draws the same line. A seed is any integer; it is taken modulo 2**64 (the generator's range).
 """
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
 
+import math
+
 import numpy as np
+
+GREEDY_BELOW = 1e-5           # temperatures under this are greedy
+MAX_TEMPERATURE = 1e4         # above this the distribution is uniform to float precision; larger is refused
+SEED_RANGE = 2 ** 64
+
+
+def seed_bits(seed: int | None) -> int | None:
+    """Any integer seed mapped into the generator's range (negative seeds included, as OpenAI accepts them)."""
+    return None if seed is None else int(seed) % SEED_RANGE
 
 
 @dataclass
@@ -22,28 +34,35 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     seed: int | None = None
 
+    @property
+    def greedy_temperature(self) -> bool:
+        return self.temperature < GREEDY_BELOW
+
     def validate(self) -> None:
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
+        if not math.isfinite(self.temperature) or not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be a number in [0, {MAX_TEMPERATURE:g}]")
         if not 0.0 <= self.top_p <= 1.0:
             raise ValueError("top_p must be in [0, 1]")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError("min_p must be in [0, 1]")
-        if self.repeat_penalty <= 0:
+        if not math.isfinite(self.repeat_penalty) or self.repeat_penalty <= 0:
             raise ValueError("repeat_penalty must be > 0")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number")
 
 
 class Sampler:
     def __init__(self, params: SamplingParams):
         params.validate()
         self.p = params
-        self.rng = np.random.default_rng(params.seed)
+        self.rng = np.random.default_rng(seed_bits(params.seed))
 
     @property
     def is_greedy(self) -> bool:
         """argmax of the raw logits: temperature 0 and no penalties (the backend may take the argmax itself)."""
         p = self.p
-        return p.temperature <= 0 and p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and \
+        return p.greedy_temperature and p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and \
             p.frequency_penalty == 0.0
 
     def apply_penalties(self, logits: np.ndarray, history: list[int]) -> np.ndarray:
@@ -66,7 +85,7 @@ class Sampler:
         """One token id from logits [n_vocab]."""
         p = self.p
         logits = self.apply_penalties(np.asarray(logits), history or [])
-        if p.temperature <= 0:
+        if p.greedy_temperature:
             return int(np.argmax(logits))
         logits = logits.astype(np.float64)
         n = len(logits)

@@ -165,7 +165,7 @@ class Scheduler:
             seq.prompt_logits = logits[-1]
             self.stats.prompt_tokens_total += seq.pos
             self.running.append(seq)
-            self._emit(seq, logits[-1])
+            self._emit_or_fail(seq, logits[-1])
         return True
 
     def _share_prefill(self, seq: _Seq) -> bool:
@@ -175,28 +175,45 @@ class Scheduler:
         donor = next((s for s in self.running if s.prompt_logits is not None and s.req.prompt == prompt), None)
         if donor is None:
             return False
-        self.rt.cache.copy_prefix(donor.slot, seq.slot, len(prompt))
-        seq.sampler = Sampler(seq.req.params)
+        try:
+            self.rt.cache.copy_prefix(donor.slot, seq.slot, len(prompt))
+            seq.sampler = Sampler(seq.req.params)
+        except Exception as e:   # this sequence fails alone
+            self._finish(seq, "error", f"{type(e).__name__}: {e}")
+            return True
         seq.prefilled = seq.pos = len(prompt)
         seq.prompt_logits = donor.prompt_logits
         self.stats.prompt_tokens_shared += len(prompt)
         self.running.append(seq)
-        self._emit(seq, seq.prompt_logits)
+        self._emit_or_fail(seq, seq.prompt_logits)
         return True
 
     def _decode(self) -> None:
         seqs = list(self.running)
         t0 = time.perf_counter()
-        logits = self.rt.decode([s.slot for s in seqs], [s.last for s in seqs], [s.pos for s in seqs])
+        try:
+            logits = self.rt.decode([s.slot for s in seqs], [s.last for s in seqs], [s.pos for s in seqs])
+        except Exception as e:   # the step's sequences end with the error; the loop goes on
+            for s in seqs:
+                self._finish(s, "error", f"{type(e).__name__}: {e}")
+            return
         for s in seqs:
             s.pos += 1
         for s, row in zip(seqs, logits):
-            self._emit(s, row)
+            self._emit_or_fail(s, row)
         dt = time.perf_counter() - t0
         self.stats.decode_steps += 1
         rate = len(seqs) / dt if dt > 0 else 0.0
         self.stats.tokens_per_second = rate if self.stats.decode_steps == 1 else \
             0.9 * self.stats.tokens_per_second + 0.1 * rate
+
+    def _emit_or_fail(self, seq: _Seq, logits: np.ndarray) -> None:
+        """_emit, finishing only this sequence with an error if its sampling or its event handler fails."""
+        try:
+            self._emit(seq, logits)
+        except Exception as e:
+            if seq in self.running or seq.slot >= 0:
+                self._finish(seq, "error", f"{type(e).__name__}: {e}")
 
     def _emit(self, seq: _Seq, logits: np.ndarray) -> None:
         """Sample the next token of a running sequence from its logits, report it, finish it if it ended."""

@@ -57,3 +57,15 @@ def test_invalid_params():
         Sampler(SamplingParams(temperature=-1))
     with pytest.raises(ValueError):
         Sampler(SamplingParams(top_p=1.5))
+
+
+def test_subnormal_temperature_is_greedy_and_any_seed_works():
+    x = logits()
+    assert Sampler(SamplingParams(temperature=1e-310))(x) == int(np.argmax(x))
+    assert Sampler(SamplingParams(temperature=1e-6, top_k=0, top_p=1.0, min_p=0.0))(x) == int(np.argmax(x))
+    for seed in (-1, -(2 ** 70), 2 ** 70):
+        a, b = Sampler(SamplingParams(temperature=1.0, seed=seed)), Sampler(SamplingParams(temperature=1.0, seed=seed))
+        assert [a(x) for _ in range(10)] == [b(x) for _ in range(10)]
+    for bad in (float("nan"), float("inf"), 1e9):
+        with pytest.raises(ValueError):
+            Sampler(SamplingParams(temperature=bad))

@@ -83,3 +83,28 @@ def test_same_prompt_shares_the_prefill(model):
     for ev in events:
         assert [e.token for e in ev if isinstance(e, TokenEvent)] == ref
     assert sched.stats.prompt_tokens_total == 13 and sched.stats.prompt_tokens_shared == 26
+
+
+def test_no_request_stops_the_step_loop(model):
+    """A subnormal temperature (1/T overflows), a negative seed sharing a running prompt, and a sequence whose
+    event handler fails: each ends alone (or runs), and the others finish normally."""
+    rng = np.random.default_rng()
+    prompt = rng.integers(0, N_VOCAB, 6).tolist()
+    sched = Scheduler(Runtime.load(model, device="cpu", n_ctx=64, n_seq=4, n_ubatch=8))
+    tiny, shared, broken, plain = [], [], [], []
+
+    def fails(ev):
+        if isinstance(ev, TokenEvent):
+            raise RuntimeError("handler failed")
+        broken.append(ev)
+    sched.submit(Request(prompt, SamplingParams(temperature=1e-310), 4, ignore_eos=True), collect(tiny))
+    sched.submit(Request(prompt, SamplingParams(temperature=1.0, seed=-1), 4, ignore_eos=True), collect(shared))
+    sched.submit(Request(rng.integers(0, N_VOCAB, 5).tolist(), max_tokens=4, ignore_eos=True), fails)
+    sched.submit(Request(rng.integers(0, N_VOCAB, 5).tolist(), max_tokens=4, ignore_eos=True), collect(plain))
+    while sched.step():
+        pass
+    for ev in (tiny, shared, plain):
+        assert ev[-1].reason == "length" and ev[-1].completion_tokens == 4
+    assert broken[-1].reason == "error" and "handler failed" in broken[-1].error
+    assert sorted(sched.free_slots) == [0, 1, 2, 3] and not sched.running
+    assert sched.stats.prompt_tokens_shared == 6

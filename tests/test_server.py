@@ -232,3 +232,11 @@ def test_concurrent_clients_and_disconnect(server):
         pytest.fail(f"server did not drain: {m}")
     r = httpx.post(server + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2})   # capacity is reused
     assert r.status_code == 200
+
+
+def test_degenerate_sampling_requests_keep_the_server_serving(server):
+    for extra in ({"temperature": 1e-310}, {"seed": -1, "temperature": 1.0}, {"seed": 2 ** 70}):
+        r = httpx.post(server + "/v1/completions", json={"prompt": "Hello", "max_tokens": 2, **extra}, timeout=60)
+        assert r.status_code == 200, (extra, r.text)
+    r = httpx.post(server + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 3, "temperature": 0}, timeout=60)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith(" Paris")
