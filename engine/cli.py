@@ -123,23 +123,45 @@ def cmd_generate(args) -> int:
 
 
 # -- serve -----------------------------------------------------------------------------------------------------
+def _api_key(args) -> str | None:
+    """--api-key, else --api-key-file, else $ENGINE_API_KEY (a file or the environment keeps it out of `ps`)."""
+    if args.api_key:
+        return args.api_key
+    if args.api_key_file:
+        with open(args.api_key_file, encoding="utf-8") as fh:
+            key = fh.read().strip()
+        if not key:
+            raise ValueError(f"--api-key-file {args.api_key_file} is empty")
+        return key
+    return os.environ.get("ENGINE_API_KEY") or None
+
+
 def cmd_serve(args) -> int:
+    import logging
+
     try:
         import uvicorn
 
-        from server.app import create_app
+        from server.app import ServerConfig, create_app
+        from server.core import CoreConfig
     except ImportError as e:
         return _fail(f"the server needs its extra: pip install -e '.[server]' ({e})")
     model = hub.resolve_model(args.model)
     GGUFFile(model)   # a bad file is reported here, before the server starts
-    if args.parallel < 1:
-        return _fail("--parallel must be >= 1")
-    app = create_app(model, device=args.device, n_parallel=args.parallel, n_ctx=args.ctx, api_key=args.api_key,
-                     model_id=args.model if args.model in hub.MODELS else None, n_ubatch=args.ubatch,
-                     kv_f32=args.kv_f32)
-    print(f"engine: serving {args.model} on http://{args.host}:{args.port} ({args.parallel} parallel sequences)",
-          file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    for name in ("parallel", "max_batch_tokens", "ctx", "max_queue"):
+        value = getattr(args, name)
+        if value is not None and value < (0 if name == "max_queue" else 1):
+            return _fail(f"--{name.replace('_', '-')} must be >= {0 if name == 'max_queue' else 1}")
+    core = CoreConfig(model, device=args.device, n_parallel=args.parallel, n_ctx=args.ctx, n_ubatch=args.ubatch,
+                      max_batch_tokens=args.max_batch_tokens, kv_f32=args.kv_f32)
+    cfg = ServerConfig(core, api_key=_api_key(args), model_id=args.model if args.model in hub.MODELS else None,
+                       max_body_bytes=int(args.max_body_mb * (1 << 20)), max_queue=args.max_queue,
+                       stall_s=args.core_timeout)
+    logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("engine").setLevel(args.log_level.upper())
+    print(f"engine: serving {args.model} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+    uvicorn.run(create_app(cfg), host=args.host, port=args.port, log_level="warning", access_log=False,
+                limit_concurrency=args.max_connections, timeout_keep_alive=args.keep_alive)
     return 0
 
 
@@ -215,13 +237,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("model", nargs="?", default=hub.DEFAULT_MODEL)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8080)
-    s.add_argument("--parallel", type=int, default=4, help="sequences decoded together (KV slots)")
+    s.add_argument("--parallel", type=int, default=None,
+                   help="sequences decoded together (KV slots); default: 4 on the CPU, on a GPU up to 64 as free "
+                        "memory allows")
     s.add_argument("--ctx", type=int, default=None, help="context length of each sequence")
-    s.add_argument("--ubatch", type=int, default=512, help="prompt tokens prefilled per scheduler step")
+    s.add_argument("--ubatch", type=int, default=512, help="tokens of one prefill ubatch")
+    s.add_argument("--max-batch-tokens", type=int, default=None,
+                   help="tokens one scheduler step runs: a token per decoding sequence plus prompt chunks "
+                        "(default: --ubatch)")
     s.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
-    s.add_argument("--api-key", default=None)
+    s.add_argument("--api-key", default=None, help="require this key (also --api-key-file, or $ENGINE_API_KEY)")
+    s.add_argument("--api-key-file", default=None, help="a file whose content is the API key")
+    s.add_argument("--max-queue", type=int, default=256, help="sequences waiting beyond the slots; more get 429")
+    s.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body")
+    s.add_argument("--max-connections", type=int, default=1024, help="concurrent connections (uvicorn)")
+    s.add_argument("--keep-alive", type=int, default=5, help="seconds an idle keep-alive connection stays open")
+    s.add_argument("--core-timeout", type=float, default=300.0,
+                   help="seconds the engine core may stay silent while requests wait before it counts as stuck")
     s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
-    s.add_argument("--log-level", default="warning")
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("fetch", help="download the test models into the cache")

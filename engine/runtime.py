@@ -82,10 +82,19 @@ class Runtime:
         if n_prompt > self.n_ctx:
             raise ContextLengthError(f"the prompt has {n_prompt} tokens, more than the context of {self.n_ctx}")
 
+    def forward(self, tokens: list[int], positions: list[int], seqs: list[int], logit_rows: list[int]):
+        """One forward over any mix of sequences (each one's tokens contiguous, in order; the scheduler puts decode
+        rows first) -> the backend's logits [len(logit_rows), n_vocab] (None without rows)."""
+        if positions and max(positions) >= self.n_ctx:
+            raise ContextLengthError(f"position {max(positions)} is past the context of {self.n_ctx} tokens")
+        batch = Batch.make(tokens, positions, seqs, logit_rows)
+        return self.backend.forward(self.model, batch, self.cache)
+
     def prefill(self, tokens: list[int], seq: int = 0, start: int = 0, all_logits: bool = False,
-                logits: bool = True) -> np.ndarray | None:
+                logits: bool = True, on_device: bool = False):
         """Run `tokens` (at positions start..) through the model in ubatches; logits of the last token, or of
-        every token -> [n_out, n_vocab] float32; None with logits=False (the tokens only fill the cache)."""
+        every token -> [n_out, n_vocab] float32; None with logits=False (the tokens only fill the cache).
+        on_device: the last ubatch's logits as the backend's array, not copied to the host."""
         self.check_fits(start + len(tokens))
         outs = []
         for a in range(0, len(tokens), self.n_ubatch):
@@ -96,7 +105,10 @@ class Runtime:
                 self.backend.forward(self.model, batch, self.cache)
                 continue
             batch = Batch.single(chunk, start + a, seq, all_logits=all_logits)
-            outs.append(self.backend.to_numpy(self.backend.forward(self.model, batch, self.cache)))
+            out = self.backend.forward(self.model, batch, self.cache)
+            if on_device:
+                return out
+            outs.append(self.backend.to_numpy(out))
         return np.concatenate(outs, axis=0) if outs else None
 
     def decode(self, seqs: list[int], tokens: list[int], positions: list[int], greedy: bool = False) -> np.ndarray:
@@ -120,13 +132,13 @@ class Runtime:
         sampler = Sampler(params or SamplingParams())
         history = list(prompt)
         t0 = time.perf_counter()
-        logits = self.prefill(prompt, seq)[-1]
-        t1 = time.perf_counter()
-        state.timings.prompt_tokens, state.timings.prompt_seconds = len(prompt), t1 - t0
+        logits = self.prefill(prompt, seq, on_device=True)                      # [1, n_vocab] on the backend
         pos = len(prompt)
-        t_first, next_tid = None, None
+        t_first = None
         while len(state.tokens) < max_tokens:
-            tid = sampler(logits, history) if logits is not None else next_tid
+            tid = int(self.backend.sample(logits, [sampler], [history])[0])
+            if t_first is None:
+                state.timings.prompt_tokens, state.timings.prompt_seconds = len(prompt), time.perf_counter() - t0
             now = time.perf_counter()
             if t_first is None:
                 t_first, state.timings.time_to_first_token = now, now - t0
@@ -139,10 +151,6 @@ class Runtime:
             yield tid
             if len(state.tokens) >= max_tokens or pos >= self.n_ctx:
                 break
-            if sampler.is_greedy:
-                logits = None
-                next_tid = int(self.decode([seq], [tid], [pos], greedy=True)[0])
-            else:
-                logits = self.decode([seq], [tid], [pos])[0]
+            logits = self.forward([tid], [pos], [seq], [0])
             pos += 1
         state.finish_reason = "length"

@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import math
+import secrets
 
 import numpy as np
 
@@ -53,24 +54,40 @@ class SamplingParams:
 
 
 class Sampler:
+    """One sequence's sampling: the parameters, a seed (drawn when none is given) and the draws made so far.
+
+    Called with logits, it is the numpy reference; a backend's batched `sample` reads its parameters, `penalty_counts`
+    and the (seed, draws) pair that keys its hashed draws."""
+
     def __init__(self, params: SamplingParams):
         params.validate()
         self.p = params
-        self.rng = np.random.default_rng(seed_bits(params.seed))
+        self.seed = seed_bits(params.seed) if params.seed is not None else secrets.randbits(64)
+        self.rng = np.random.default_rng(self.seed)
+        self.draws = 0
+
+    @property
+    def has_penalties(self) -> bool:
+        p = self.p
+        return p.repeat_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+
+    def penalty_counts(self, history: list[int]) -> Counter | None:
+        """How often each token occurs in the penalised window of history; None when no penalty applies."""
+        if not history or not self.has_penalties:
+            return None
+        p = self.p
+        return Counter(history[-p.repeat_last_n:] if p.repeat_last_n > 0 else history)
 
     @property
     def is_greedy(self) -> bool:
         """argmax of the raw logits: temperature 0 and no penalties (the backend may take the argmax itself)."""
-        p = self.p
-        return p.greedy_temperature and p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and \
-            p.frequency_penalty == 0.0
+        return self.p.greedy_temperature and not self.has_penalties
 
     def apply_penalties(self, logits: np.ndarray, history: list[int]) -> np.ndarray:
         p = self.p
-        if not history or (p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0):
+        counts = self.penalty_counts(history)
+        if counts is None:
             return logits
-        recent = history[-p.repeat_last_n:] if p.repeat_last_n > 0 else history
-        counts = Counter(recent)
         ids = np.fromiter(counts.keys(), np.int64, len(counts))
         freq = np.fromiter(counts.values(), np.float64, len(counts))
         logits = logits.astype(np.float64, copy=True)
@@ -81,13 +98,13 @@ class Sampler:
         logits[ids] = sel
         return logits
 
-    def __call__(self, logits: np.ndarray, history: list[int] | None = None) -> int:
-        """One token id from logits [n_vocab]."""
+    def distribution(self, logits: np.ndarray, history: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The candidates (best first) and the probabilities a draw picks them with: penalties, top-k, top-p and
+        min-p on the temperature-1 distribution, then softmax(x / temperature) over what is left."""
         p = self.p
-        logits = self.apply_penalties(np.asarray(logits), history or [])
+        logits = self.apply_penalties(np.asarray(logits), history or []).astype(np.float64)
         if p.greedy_temperature:
-            return int(np.argmax(logits))
-        logits = logits.astype(np.float64)
+            return np.array([int(np.argmax(logits))]), np.ones(1)
         n = len(logits)
         k = p.top_k if 0 < p.top_k < n else n
         cand = np.argpartition(-logits, k - 1)[:k] if k < n else np.arange(n)
@@ -102,5 +119,11 @@ class Sampler:
             cand = cand[:keep]
         scaled = logits[cand] / p.temperature
         probs = np.exp(scaled - scaled.max())
-        probs /= probs.sum()
+        return cand, probs / probs.sum()
+
+    def __call__(self, logits: np.ndarray, history: list[int] | None = None) -> int:
+        """One token id from logits [n_vocab]."""
+        cand, probs = self.distribution(logits, history)
+        if self.p.greedy_temperature:
+            return int(cand[0])
         return int(cand[self.rng.choice(len(cand), p=probs)])

@@ -1,18 +1,22 @@
-"""Continuous batching: many sequences share the runtime; one decode step serves every running sequence.
+"""Continuous batching: each step is one forward over a token budget, then one batched sampling call.
 
-    sched = Scheduler(runtime)                       # runtime built with n_seq = the number of KV slots
+    sched = Scheduler(runtime, max_batch_tokens=512)   # runtime built with n_seq = the number of KV slots
     sid = sched.submit(Request(prompt_ids, params, max_tokens=64), on_event)
-    while sched.step(): ...                          # or sched.run_in_thread()
+    while sched.step(): ...
 
-A step: one ubatch of prefill for the sequence being admitted (a waiting request takes a free KV slot when none
-is; its first token is sampled when its prompt is in), then one decode step for every running sequence, so a long
-prompt delays the others by one ubatch per step, not by its whole prefill. Requests beyond the free slots wait in a FIFO queue. on_event receives a
-TokenEvent per generated token and one FinishEvent, from the scheduler's thread.
+A step's batch is one token for every decoding sequence, then prefill chunks of as many admitted sequences as the
+budget left holds (oldest first). Waiting requests take free KV slots as soon as there are any, all in the same
+step, so a queue of prompts is prefilled together and decoding sequences keep their pace while a long prompt goes
+in chunk by chunk. A request whose prompt equals a running sequence's (the n choices of one request) copies that
+sequence's prompt cache and logits instead of prefilling. Requests beyond the free slots wait in a FIFO queue.
+
+on_event receives a TokenEvent per generated token and one FinishEvent. Every per-sequence failure (its sampling,
+its event handler, copying a shared prompt) finishes that sequence with an error event; a failed forward ends the
+sequences of that step; the step loop itself never stops.
 """
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -54,184 +58,224 @@ class _Seq:
     req: Request
     on_event: Callable
     slot: int = -1
-    pos: int = 0
-    sampler: Sampler | None = None
-    history: list[int] = field(default_factory=list)
-    generated: int = 0
-    last: int = -1
+    pos: int = 0                       # tokens in the KV cache
     prefilled: int = 0                 # prompt tokens already in the KV cache
-    prompt_logits: np.ndarray | None = None   # [n_vocab] logits after the prompt, kept for sharing the prefill
+    sampler: Sampler | None = None
+    history: list[int] = field(default_factory=list)   # prompt + generated tokens (the penalties' window)
+    generated: int = 0
+    last: int = -1                     # the token the next decode step feeds
+    prompt_logits: object = None       # [1, n_vocab] backend logits after the prompt, kept for a sharing follower
+    done: bool = False
 
 
 @dataclass
 class Stats:
     requests_total: int = 0
     requests_finished: int = 0
+    requests_failed: int = 0
     prompt_tokens_total: int = 0
     prompt_tokens_shared: int = 0      # prompt tokens copied from a running sequence's cache instead of prefilled
     generated_tokens_total: int = 0
+    steps: int = 0
     decode_steps: int = 0
-    tokens_per_second: float = 0.0     # generated tokens per second over the last decode steps
+    tokens_per_second: float = 0.0     # generated tokens per second over the last steps
 
 
 class Scheduler:
-    def __init__(self, runtime: Runtime):
+    def __init__(self, runtime: Runtime, max_batch_tokens: int | None = None):
         self.rt = runtime
+        self.max_batch_tokens = max(1, max_batch_tokens or runtime.n_ubatch)
         self.free_slots = list(range(runtime.n_seq))
         self.waiting: deque[_Seq] = deque()
+        self.prefilling: list[_Seq] = []
         self.running: list[_Seq] = []
-        self.prefilling: _Seq | None = None
         self.cancelled: set[int] = set()
         self.stats = Stats()
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
-        self._stop = False
-        self._thread: threading.Thread | None = None
 
     # -- requests --------------------------------------------------------------------------------------------
     def submit(self, req: Request, on_event: Callable) -> int:
+        """Queue a request -> its sequence id. Raises ValueError (ContextLengthError) before queueing a bad one."""
         req.params.validate()
         self.rt.check_fits(len(req.prompt))
+        if req.max_tokens < 0:
+            raise ValueError("max_tokens must be >= 0")
         if len(req.prompt) + req.max_tokens > self.rt.n_ctx:
             raise ContextLengthError(f"the prompt ({len(req.prompt)} tokens) plus max_tokens ({req.max_tokens}) "
                                      f"exceeds the context of {self.rt.n_ctx} tokens")
-        with self._lock:
-            seq = _Seq(next(self._ids), req, on_event)
-            self.waiting.append(seq)
-            self.stats.requests_total += 1
-            self._wake.notify()
-            return seq.id
+        n_vocab = self.rt.config.n_vocab
+        if any(not 0 <= t < n_vocab for t in req.prompt):
+            raise ValueError(f"a prompt token id is outside the vocabulary (0..{n_vocab - 1})")
+        seq = _Seq(next(self._ids), req, on_event)
+        self.waiting.append(seq)
+        self.stats.requests_total += 1
+        return seq.id
 
     def cancel(self, seq_id: int) -> None:
         """Stop a sequence at the next step and free its KV slot (e.g. its client disconnected)."""
-        with self._lock:
-            self.cancelled.add(seq_id)
-            self._wake.notify()
+        self.cancelled.add(seq_id)
 
     @property
     def queue_length(self) -> int:
         return len(self.waiting)
 
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.running or self.cancelled)
+
     # -- the step --------------------------------------------------------------------------------------------
     def step(self) -> bool:
-        """Prefill one ubatch, then decode. False when there was nothing to do."""
+        """Admit, run one forward over the budget, sample, report. False when there was nothing to do."""
         self._drop_cancelled()
-        prefilled = self._prefill_step()
-        if self.running:
-            self._decode()
-            return True
-        return prefilled
+        self._admit()
+        decode = list(self.running)
+        chunks = self._prefill_chunks(self.max_batch_tokens - len(decode))
+        if not decode and not chunks:
+            return bool(self.waiting and self.free_slots)
+        self._run(decode, chunks)
+        return True
 
     def _drop_cancelled(self) -> None:
-        with self._lock:
-            if not self.cancelled:
-                return
-            gone, self.cancelled = self.cancelled, set()
-            dropped = [s for s in self.waiting if s.id in gone]
-            self.waiting = deque(s for s in self.waiting if s.id not in gone)
-        if self.prefilling is not None and self.prefilling.id in gone:
-            dropped.append(self.prefilling)
-            self.prefilling = None
-        for s in dropped + [s for s in self.running if s.id in gone]:
+        if not self.cancelled:
+            return
+        gone, self.cancelled = self.cancelled, set()
+        dropped = [s for s in self.waiting if s.id in gone]
+        self.waiting = deque(s for s in self.waiting if s.id not in gone)
+        for s in dropped + [s for s in self.prefilling + self.running if s.id in gone]:
             self._finish(s, "cancelled")
 
-    def _prefill_step(self) -> bool:
-        if self.prefilling is None:
-            with self._lock:
-                if not self.waiting or not self.free_slots:
-                    return False
-                seq = self.waiting.popleft()
-                seq.slot = self.free_slots.pop()
-            seq.history = list(seq.req.prompt)
-            if self._share_prefill(seq):
-                return True
-            self.prefilling = seq
-        seq = self.prefilling
-        prompt = seq.req.prompt
-        chunk = prompt[seq.prefilled:seq.prefilled + self.rt.n_ubatch]
-        done = seq.prefilled + len(chunk) == len(prompt)
-        try:
-            seq.sampler = seq.sampler or Sampler(seq.req.params)
-            logits = self.rt.prefill(chunk, seq=seq.slot, start=seq.prefilled, logits=done)
-        except Exception as e:   # a request that cannot run must not stop the others
-            self.prefilling = None
-            self._finish(seq, "error", str(e))
-            return True
-        seq.prefilled += len(chunk)
-        if done:
-            self.prefilling = None
-            seq.pos = len(prompt)
-            seq.prompt_logits = logits[-1]
-            self.stats.prompt_tokens_total += seq.pos
-            self.running.append(seq)
-            self._emit_or_fail(seq, logits[-1])
-        return True
+    def _admit(self) -> None:
+        """Waiting requests take free slots, oldest first; one whose prompt a running sequence has shares it, one
+        whose prompt is being prefilled waits for that (and so do the requests behind it)."""
+        while self.waiting and self.free_slots:
+            seq = self.waiting[0]
+            prompt = seq.req.prompt
+            if any(s.req.prompt == prompt for s in self.prefilling):
+                return
+            self.waiting.popleft()
+            seq.slot = self.free_slots.pop()
+            seq.history = list(prompt)
+            donor = next((s for s in self.running if s.prompt_logits is not None and s.req.prompt == prompt), None)
+            try:
+                seq.sampler = Sampler(seq.req.params)
+                if donor is not None:
+                    self._share(seq, donor)
+                    continue
+            except Exception as e:     # this sequence fails alone
+                self._finish(seq, "error", f"{type(e).__name__}: {e}")
+                continue
+            self.prefilling.append(seq)
 
-    def _share_prefill(self, seq: _Seq) -> bool:
-        """A running sequence with the same prompt (the n choices of one request) lends its prompt's KV cache and
-        logits: copy them instead of prefilling again."""
-        prompt = seq.req.prompt
-        donor = next((s for s in self.running if s.prompt_logits is not None and s.req.prompt == prompt), None)
-        if donor is None:
-            return False
-        try:
-            self.rt.cache.copy_prefix(donor.slot, seq.slot, len(prompt))
-            seq.sampler = Sampler(seq.req.params)
-        except Exception as e:   # this sequence fails alone
-            self._finish(seq, "error", f"{type(e).__name__}: {e}")
-            return True
-        seq.prefilled = seq.pos = len(prompt)
+    def _share(self, seq: _Seq, donor: _Seq) -> None:
+        n = len(seq.req.prompt)
+        self.rt.cache.copy_prefix(donor.slot, seq.slot, n)
+        seq.prefilled = seq.pos = n
         seq.prompt_logits = donor.prompt_logits
-        self.stats.prompt_tokens_shared += len(prompt)
+        self.stats.prompt_tokens_shared += n
         self.running.append(seq)
-        self._emit_or_fail(seq, seq.prompt_logits)
-        return True
+        logits = self.rt.backend.rows(donor.prompt_logits, np.zeros(1, np.int32))
+        self._sample_and_emit([seq], logits)
 
-    def _decode(self) -> None:
-        seqs = list(self.running)
+    def _prefill_chunks(self, budget: int) -> list[tuple[_Seq, int]]:
+        """(sequence, tokens) prefill chunks within budget; at least a quarter of the step's budget goes to
+        prefill while any is waiting, so admitted prompts always advance."""
+        budget = max(budget, self.max_batch_tokens // 4, 1)
+        chunks = []
+        for seq in self.prefilling:
+            if budget <= 0:
+                break
+            take = min(len(seq.req.prompt) - seq.prefilled, budget)
+            chunks.append((seq, take))
+            budget -= take
+        return chunks
+
+    def _run(self, decode: list[_Seq], chunks: list[tuple[_Seq, int]]) -> None:
+        tokens, positions, slots, rows = [], [], [], []
+        for s in decode:
+            tokens.append(s.last)
+            positions.append(s.pos)
+            slots.append(s.slot)
+            rows.append(len(tokens) - 1)
+        completing = []
+        for s, take in chunks:
+            a = s.prefilled
+            tokens += s.req.prompt[a:a + take]
+            positions += range(a, a + take)
+            slots += [s.slot] * take
+            if a + take == len(s.req.prompt):
+                rows.append(len(tokens) - 1)
+                completing.append(s)
         t0 = time.perf_counter()
         try:
-            logits = self.rt.decode([s.slot for s in seqs], [s.last for s in seqs], [s.pos for s in seqs])
-        except Exception as e:   # the step's sequences end with the error; the loop goes on
-            for s in seqs:
+            logits = self.rt.forward(tokens, positions, slots, rows)
+        except Exception as e:     # the step's sequences end with the error; the loop goes on
+            for s in decode + [c[0] for c in chunks]:
                 self._finish(s, "error", f"{type(e).__name__}: {e}")
             return
-        for s in seqs:
+        for s in decode:
             s.pos += 1
-        for s, row in zip(seqs, logits):
-            self._emit_or_fail(s, row)
-        dt = time.perf_counter() - t0
-        self.stats.decode_steps += 1
-        rate = len(seqs) / dt if dt > 0 else 0.0
-        self.stats.tokens_per_second = rate if self.stats.decode_steps == 1 else \
-            0.9 * self.stats.tokens_per_second + 0.1 * rate
+        for s, take in chunks:
+            s.prefilled += take
+        for s in completing:
+            self.prefilling.remove(s)
+            s.pos = len(s.req.prompt)
+            self.stats.prompt_tokens_total += s.pos
+            self.running.append(s)
+        keep = [i for i, s in enumerate(completing) if any(w.req.prompt == s.req.prompt for w in self.waiting)]
+        for i in keep:                  # a follower with the same prompt waits: keep this prompt's logits
+            completing[i].prompt_logits = self.rt.backend.rows(logits, np.array([len(decode) + i], np.int32))
+        self._sample_and_emit(decode + completing, logits)
+        self.stats.steps += 1
+        if decode:
+            self.stats.decode_steps += 1
+            dt = time.perf_counter() - t0
+            rate = len(decode) / dt if dt > 0 else 0.0
+            self.stats.tokens_per_second = rate if self.stats.decode_steps == 1 else \
+                0.9 * self.stats.tokens_per_second + 0.1 * rate
 
-    def _emit_or_fail(self, seq: _Seq, logits: np.ndarray) -> None:
-        """_emit, finishing only this sequence with an error if its sampling or its event handler fails."""
+    def _sample_and_emit(self, seqs: list[_Seq], logits) -> None:
+        """Sample one token for each sequence from its row of logits [len(seqs), n_vocab], report them."""
+        if not seqs:
+            return
+        lp_rows = [i for i, s in enumerate(seqs) if s.req.top_logprobs is not None]
+        host = self.rt.backend.to_numpy(self.rt.backend.rows(logits, np.array(lp_rows, np.int32))) if lp_rows \
+            else None                                                     # before the penalties change the rows
         try:
-            self._emit(seq, logits)
-        except Exception as e:
-            if seq in self.running or seq.slot >= 0:
-                self._finish(seq, "error", f"{type(e).__name__}: {e}")
+            tokens = self.rt.backend.sample(logits, [s.sampler for s in seqs], [s.history for s in seqs])
+        except Exception:              # find the failing rows: sample each alone
+            tokens = []
+            for i, s in enumerate(seqs):
+                try:
+                    row = self.rt.backend.rows(logits, np.array([i], np.int32))
+                    tokens.append(int(self.rt.backend.sample(row, [s.sampler], [s.history])[0]))
+                except Exception as e:
+                    self._finish(s, "error", f"sampling failed: {type(e).__name__}: {e}")
+                    tokens.append(-1)
+        for i, (s, tid) in enumerate(zip(seqs, tokens)):
+            if s.done:
+                continue
+            try:
+                lp = host[lp_rows.index(i)] if host is not None and i in lp_rows else None
+                self._emit(s, int(tid), lp)
+            except Exception as e:
+                self._finish(s, "error", f"{type(e).__name__}: {e}")
 
-    def _emit(self, seq: _Seq, logits: np.ndarray) -> None:
-        """Sample the next token of a running sequence from its logits, report it, finish it if it ended."""
+    def _emit(self, seq: _Seq, tid: int, lp_row: np.ndarray | None) -> None:
+        """Report a sequence's new token, finish it if it ended."""
         req = seq.req
         if seq.generated >= req.max_tokens:
             self._finish(seq, "length")
             return
-        tid = seq.sampler(logits, seq.history)
         if not req.ignore_eos and self.rt.is_end_of_generation(tid):
             self._finish(seq, "stop")
             return
         event = TokenEvent(tid)
-        if req.top_logprobs is not None:
-            x = logits.astype(np.float64)
+        if lp_row is not None:
+            x = lp_row.astype(np.float64)
             lse = x.max() + np.log(np.exp(x - x.max()).sum())
             event.logprob = float(x[tid] - lse)
             if req.top_logprobs > 0:
-                top = np.argsort(-x)[:req.top_logprobs]
+                top = np.argsort(-x, kind="stable")[:req.top_logprobs]
                 event.top = [(int(i), float(x[i] - lse)) for i in top]
         seq.history.append(tid)
         seq.generated += 1
@@ -242,31 +286,19 @@ class Scheduler:
             self._finish(seq, "length")
 
     def _finish(self, seq: _Seq, reason: str, error: str | None = None) -> None:
-        if seq in self.running:
-            self.running.remove(seq)
+        if seq.done:
+            return
+        seq.done = True
+        for queue in (self.running, self.prefilling):
+            if seq in queue:
+                queue.remove(seq)
         if seq.slot >= 0:
             self.free_slots.append(seq.slot)
             seq.slot = -1
+        seq.prompt_logits = None
         self.stats.requests_finished += 1
-        seq.on_event(FinishEvent(reason, len(seq.req.prompt), seq.generated, error))
-
-    # -- the loop --------------------------------------------------------------------------------------------
-    def run_in_thread(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            with self._lock:
-                while not (self._stop or self.waiting or self.running or self.cancelled or self.prefilling):
-                    self._wake.wait()
-                if self._stop:
-                    return
-            self.step()
-
-    def shutdown(self) -> None:
-        with self._lock:
-            self._stop = True
-            self._wake.notify()
-        if self._thread:
-            self._thread.join(timeout=5)
+        self.stats.requests_failed += reason == "error"
+        try:
+            seq.on_event(FinishEvent(reason, len(seq.req.prompt), seq.generated, error))
+        except Exception:              # a handler that fails on its last event has nothing left to tell
+            pass

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import codecs
 import heapq
+import time
+from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from typing import Iterable
 
 import regex
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
 from .gguf import GGUFFile
 
@@ -247,36 +251,49 @@ class Tokenizer:
         return out
 
     def _bpe_word(self, word: str) -> list[int]:
+        """Merge the lowest-ranked adjacent pair (leftmost first) until none has a rank: a heap over the pairs and a
+        linked list of symbols, so a long word costs O(n log n), not O(n^2)."""
         t2i = self.token_to_id
         if self._ignore_merges and word in t2i:
             return [t2i[word]]
-        parts = list(word)
+        sym = list(word)                         # symbol text; "" once merged into its left neighbour
+        nxt = list(range(1, len(sym) + 1))
+        nxt[-1] = -1
+        prev = list(range(-1, len(sym) - 1))
         ranks = self._ranks
-        while len(parts) > 1:
-            best, best_rank = -1, None
-            for i in range(len(parts) - 1):
-                r = ranks.get((parts[i], parts[i + 1]))
-                if r is not None and (best_rank is None or r < best_rank):
-                    best, best_rank = i, r
-            if best < 0:
-                break
-            a, b = parts[best], parts[best + 1]
-            merged, i = [], 0
-            while i < len(parts):  # merge every occurrence of the pair, left to right
-                if i < len(parts) - 1 and parts[i] == a and parts[i + 1] == b:
-                    merged.append(a + b)
-                    i += 2
-                else:
-                    merged.append(parts[i])
-                    i += 1
-            parts = merged
+        heap: list[tuple[int, int, str, str]] = []      # (rank, left index, left text, right text)
+
+        def push(left: int) -> None:
+            right = nxt[left] if left >= 0 else -1
+            if right < 0:
+                return
+            r = ranks.get((sym[left], sym[right]))
+            if r is not None:
+                heapq.heappush(heap, (r, left, sym[left], sym[right]))
+
+        for i in range(len(sym) - 1):
+            push(i)
+        while heap:
+            _, left, a, b = heapq.heappop(heap)
+            right = nxt[left]
+            if right < 0 or sym[left] != a or sym[right] != b:
+                continue                          # stale: one side was merged since
+            sym[left], sym[right] = a + b, ""
+            nxt[left] = nxt[right]
+            if nxt[right] >= 0:
+                prev[nxt[right]] = left
+            push(prev[left])
+            push(left)
         out = []
-        for p in parts:
+        i = 0
+        while i != -1:
+            p = sym[i]
             tid = t2i.get(p)
             if tid is not None:
                 out.append(tid)
             else:  # llama.cpp's fallback: each byte-character that is a token on its own
                 out.extend(t2i[c] for c in p if c in t2i)
+            i = nxt[i]
         return out
 
     # -- decoding --------------------------------------------------------------------------------------------
@@ -306,35 +323,118 @@ class Tokenizer:
         return self.token_bytes(tid, special=True).decode("utf-8", errors="replace")
 
     # -- chat ------------------------------------------------------------------------------------------------
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """Render the GGUF chat template (or a built-in one for templates-less files) for a list of messages."""
-        from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            limits: "TemplateLimits | None" = None) -> str:
+        """Render the GGUF chat template (or a built-in one for templates-less files) for a list of messages, in a
+        sandbox with a time budget and an output cap (TemplateLimits): past either, TokenizerError."""
 
         source = self.chat_template or _fallback_template(self.architecture)
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-
-        def raise_exception(message):
-            raise TemplateError(message)
-
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        bos = self.tokens[self.bos_id] if self.bos_id is not None else ""
-        eos = self.tokens[self.eos_id] if self.eos_id is not None else ""
+        limits = limits or TemplateLimits()
+        env = _BoundedSandbox(limits)
+        bos = self.tokens[self.bos_id] if self.bos_id is not None and 0 <= self.bos_id < self.n_vocab else ""
+        eos = self.tokens[self.eos_id] if self.eos_id is not None and 0 <= self.eos_id < self.n_vocab else ""
         try:
-            return env.from_string(source).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                                  bos_token=bos, eos_token=eos)
+            template = env.from_string(source)
+            out, size = [], 0
+            for piece in template.generate(messages=messages, add_generation_prompt=add_generation_prompt,
+                                           bos_token=bos, eos_token=eos):
+                size += len(piece)
+                env.check(size)
+                out.append(piece)
+            return "".join(out)
+        except TemplateLimitError as e:
+            raise TokenizerError(f"chat template stopped: {e}") from None
         except TemplateError as e:
             raise TokenizerError(f"chat template failed: {e}") from None
+        except (MemoryError, RecursionError) as e:
+            raise TokenizerError(f"chat template stopped: {type(e).__name__}") from None
         except Exception as e:  # errors raised by the template's own code (a bad message list, a type error...)
             raise TokenizerError(f"chat template failed: {type(e).__name__}: {e}") from None
 
     def chat_prompt_ids(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """The token ids of a chat: the template's text (which carries its own BOS, if any) parsed with specials."""
-        text = self.apply_chat_template(messages, add_generation_prompt)
-        bos = self.tokens[self.bos_id] if self.bos_id is not None else None
+        return self.chat_prompt_ids_from_text(self.apply_chat_template(messages, add_generation_prompt))
+
+    def chat_prompt_ids_from_text(self, text: str) -> list[int]:
+        """The token ids of a rendered chat template: BOS added unless the text starts with it."""
+        bos = self.tokens[self.bos_id] if self.bos_id is not None and 0 <= self.bos_id < self.n_vocab else None
         add_special = not (bos and text.startswith(bos))
         return self.encode(text, add_special=add_special, parse_special=True)
+
+
+@dataclass
+class TemplateLimits:
+    """How long a chat template may render and how many characters it may write."""
+    seconds: float = 2.0
+    max_chars: int = 4 << 20
+
+
+class TemplateLimitError(Exception):
+    pass
+
+
+class _BoundedRange:
+    """range() for templates: at most jinja's MAX_RANGE items, and iteration checks the render's clock."""
+
+    def __init__(self, env: "_BoundedSandbox", *args):
+        self.env, self.r = env, safe_range(*args)
+
+    def __len__(self):
+        return len(self.r)
+
+    def __getitem__(self, i):
+        return self.r[i]
+
+    def __contains__(self, x):
+        return x in self.r
+
+    def __iter__(self):
+        for i, x in enumerate(self.r):
+            if i % 256 == 0:
+                self.env.check()
+            yield x
+
+
+class _BoundedSandbox(ImmutableSandboxedEnvironment):
+    """jinja2's immutable sandbox with a deadline, checked on every attribute access, call, range step and
+    output piece, and a cap on the strings and lists that `*` and `**` can make."""
+    intercepted_binops = frozenset(["*", "**"])
+
+    def __init__(self, limits: TemplateLimits):
+        super().__init__(trim_blocks=True, lstrip_blocks=True)
+        self.limits = limits
+        self.deadline = time.monotonic() + limits.seconds
+
+        def raise_exception(message):
+            raise TemplateError(message)
+        self.globals["raise_exception"] = raise_exception
+        self.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        self.globals["range"] = lambda *a: _BoundedRange(self, *a)
+
+    def check(self, size: int = 0) -> None:
+        if time.monotonic() > self.deadline:
+            raise TemplateLimitError(f"it ran past its budget of {self.limits.seconds:g} s")
+        if size > self.limits.max_chars:
+            raise TemplateLimitError(f"its output passed {self.limits.max_chars:,} characters")
+
+    def is_safe_attribute(self, obj, attr, value):
+        self.check()
+        return super().is_safe_attribute(obj, attr, value)
+
+    def call(self, context, obj, *args, **kwargs):
+        self.check()
+        return super().call(context, obj, *args, **kwargs)
+
+    def call_binop(self, context, operator, left, right):
+        self.check()
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and \
+                        len(seq) * max(n, 0) > self.limits.max_chars:
+                    raise TemplateLimitError(f"a repetition would pass {self.limits.max_chars:,} items")
+        if operator == "**" and isinstance(right, (int, float)) and abs(right) > 1024:
+            raise TemplateLimitError("an exponent above 1024")
+        return super().call_binop(context, operator, left, right)
 
 
 class StreamDecoder:

@@ -3,6 +3,11 @@
 steps of all B at once (greedy, the argmax taken on the device); generated tokens/s = B * ntg / time of the steps.
 
     python scripts/bench_batched_decode.py MODEL [--npl 1,8,16,32] [--npp 128] [--ntg 128] [--device cuda]
+    python scripts/bench_batched_decode.py MODEL --scheduler [--temp 0.8]
+
+--scheduler measures the engine core as `engine serve` runs it, without HTTP: B requests submitted to the Scheduler
+at once (prefilled together, then decoded with sampling on the device), generated tokens/s from the first token to
+the last.
 
 ANCHORS.md's llama.cpp figures: `llama-batched-bench -npp 128 -ntg 128 -npl B -fa on`.
 """
@@ -33,6 +38,25 @@ def decode_speed(rt: Runtime, b: int, npp: int, ntg: int, rng) -> float:
     return b * ntg / (time.perf_counter() - t0)
 
 
+def scheduler_speed(rt: Runtime, b: int, npp: int, ntg: int, rng, temperature: float) -> float:
+    from engine.sampling import SamplingParams
+    from engine.scheduler import Request, Scheduler
+    sched = Scheduler(rt)
+    first = []
+    for _ in range(b):
+        prompt = rng.integers(100, rt.config.n_vocab - 100, npp).tolist()
+        params = SamplingParams(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0)
+        sched.submit(Request(prompt, params, ntg, ignore_eos=True),
+                     lambda ev: first.append(time.perf_counter()) if not first else None)
+    while not first:
+        sched.step()
+    t0 = time.perf_counter()
+    while sched.step():
+        pass
+    _sync(rt)
+    return (sched.stats.generated_tokens_total - 1) / (time.perf_counter() - t0)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -40,13 +64,20 @@ def main():
     ap.add_argument("--npp", type=int, default=128)
     ap.add_argument("--ntg", type=int, default=128)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--scheduler", action="store_true", help="through the Scheduler, sampling on the device")
+    ap.add_argument("--temp", type=float, default=0.8, help="--scheduler's sampling temperature")
     args = ap.parse_args()
     npl = [int(v) for v in args.npl.split(",")]
     rt = Runtime.load(args.model, device=args.device, n_seq=max(npl), n_ctx=args.npp + args.ntg + 2)
     rng = np.random.default_rng(0)
-    print("| B | decode t/s |\n| --- | --- |")
+    print(f"| B | {'scheduler' if args.scheduler else 'decode'} t/s |\n| --- | --- |")
     for b in npl:
-        print(f"| {b} | {decode_speed(rt, b, args.npp, args.ntg, rng):.1f} |", flush=True)
+        if args.scheduler:
+            scheduler_speed(rt, b, args.npp, 4, rng, args.temp)                # kernels and this size's graph
+            speed = scheduler_speed(rt, b, args.npp, args.ntg, rng, args.temp)
+        else:
+            speed = decode_speed(rt, b, args.npp, args.ntg, rng)
+        print(f"| {b} | {speed:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

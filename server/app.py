@@ -1,173 +1,263 @@
-"""`engine serve`: an OpenAI-compatible HTTP API (FastAPI) over the continuous-batching scheduler."""
+"""`engine serve`: an OpenAI-compatible HTTP API (FastAPI) in front of the engine-core process.
+
+This process parses requests, tokenizes and renders chat templates (in a thread pool, off the event loop),
+detokenizes, matches stop strings and streams server-sent events; the engine-core process (server/core.py) runs
+the scheduler and the model. Every error is answered in the OpenAI format; a dead or stuck engine core turns into
+503s and `/health` says so.
+"""
 from __future__ import annotations
 
+import asyncio
+import hmac
 import json
-import threading
+import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.runtime import ContextLengthError, Runtime
-from engine.sampling import SamplingParams
-from engine.scheduler import Request as EngineRequest
-from engine.scheduler import Scheduler
-from engine.tokenizer import TokenizerError
+from engine.gguf import GGUFFile
+from engine.sampling import seed_bits
+from engine.tokenizer import TemplateLimits, Tokenizer, TokenizerError
 
-from .engine_loop import GenerationError, MultiChoice
+from .client import CoreConfig, EngineClient, EngineUnavailable, GenerationError, MultiChoice
+from .messages import AddRequest
 from .protocol import APIError, ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
-
-class ServerState:
-    def __init__(self):
-        self.runtime: Runtime | None = None
-        self.sched: Scheduler | None = None
-        self.model_id = ""
-        self.load_error: str | None = None
-        self.created = int(time.time())
+log = logging.getLogger("engine.server")
 
 
-def create_app(model: str, device: str = "auto", n_parallel: int = 4, n_ctx: int | None = None,
-               api_key: str | None = None, model_id: str | None = None, n_ubatch: int = 512,
-               kv_f32: bool = False) -> FastAPI:
-    state = ServerState()
-    state.model_id = model_id or Path(model).name
+@dataclass
+class ServerConfig:
+    core: CoreConfig
+    api_key: str | None = None
+    model_id: str | None = None
+    max_body_bytes: int = 16 << 20            # a request body larger than this is refused (413) before parsing
+    max_queue: int = 256                      # sequences waiting beyond the KV slots; more get 429
+    prompt_chars_per_token: int = 64          # prompts longer than n_ctx times this are refused before tokenizing
+    template: TemplateLimits = field(default_factory=TemplateLimits)
+    stall_s: float = 300.0                    # an engine core silent this long with requests waiting is stuck
+    tokenizer_threads: int = 4
 
-    def load():
-        try:
-            rt = Runtime.load(model, device=device, n_ctx=n_ctx, n_seq=n_parallel, n_ubatch=n_ubatch, kv_f32=kv_f32)
-            sched = Scheduler(rt)
-            sched.run_in_thread()
-            state.runtime, state.sched = rt, sched
-        except Exception as e:   # reported by /health and every request
-            state.load_error = f"{type(e).__name__}: {e}"
+
+class BodyLimit:
+    """ASGI middleware: a request body past max_bytes gets 413 (by its content-length, or as it arrives)."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            return await _send_error(send, APIError(413, f"the request body is larger than {self.max_bytes} bytes"))
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.max_bytes:
+                    raise APIError(413, f"the request body is larger than {self.max_bytes} bytes")
+            return msg
+        return await self.app(scope, limited, send)
+
+
+async def _send_error(send, err: APIError) -> None:
+    body = json.dumps(err.body()).encode()
+    await send({"type": "http.response.start", "status": err.status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def create_app(cfg: ServerConfig) -> FastAPI:
+    model_id = cfg.model_id or Path(cfg.core.model).name
+    state = {"engine": None, "tokenizer": None, "created": int(time.time())}
+    pool = ThreadPoolExecutor(max_workers=cfg.tokenizer_threads, thread_name_prefix="engine-tokenizer")
 
     @asynccontextmanager
     async def lifespan(app):
-        threading.Thread(target=load, name="engine-load", daemon=True).start()
+        engine = EngineClient(cfg.core, stall_s=cfg.stall_s)
+        state["engine"] = engine
+        state["tokenizer"] = await asyncio.get_running_loop().run_in_executor(
+            pool, lambda: Tokenizer(GGUFFile(cfg.core.model)))
+        await engine.start()
         yield
-        if state.sched:
-            state.sched.shutdown()
+        await engine.close()
+        pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="engine", lifespan=lifespan)
-    app.state.engine = state
+    app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)
+
+    async def blocking(fn, *args):
+        """Run tokenizer or template work in the pool, off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
     # -- errors and auth ---------------------------------------------------------------------------------------
     @app.exception_handler(APIError)
     async def api_error(request, exc: APIError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, exc: StarletteHTTPException):
+        message = {404: f"no route {request.url.path}", 405: f"method {request.method} not allowed on "
+                   f"{request.url.path}"}.get(exc.status_code, str(exc.detail))
+        return error_response(APIError(exc.status_code, message))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request, exc: RequestValidationError):
         errs = exc.errors()
         first = errs[0] if errs else {}
-        if first.get("type") == "json_invalid":
-            return JSONResponse(APIError(400, f"malformed JSON body: {first.get('ctx', {}).get('error', '')}").body(),
-                                status_code=400)
+        if first.get("type") in ("json_invalid", "json_type"):
+            detail = first.get("ctx", {}).get("error", "") or first.get("msg", "")
+            return error_response(APIError(400, f"malformed JSON body: {detail}"))
         loc = [str(x) for x in first.get("loc", []) if x != "body"]
         param = ".".join(loc) or None
         msg = first.get("msg", "invalid request")
-        message = f"invalid request: {msg}" + (f" (field '{param}')" if param else "")
-        return JSONResponse(APIError(400, message, param).body(), status_code=400)
+        return error_response(APIError(400, f"invalid request: {msg}" + (f" (field '{param}')" if param else ""),
+                                       loc[0] if loc else None))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request, exc: Exception):
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(APIError(500, f"internal error: {type(exc).__name__}"))
+
+    def key_ok(request: Request) -> bool:
+        given = request.headers.get("authorization", "")
+        return bool(cfg.api_key) and hmac.compare_digest(given.encode(), f"Bearer {cfg.api_key}".encode())
 
     @app.middleware("http")
-    async def check_api_key(request: Request, call_next):
-        if api_key and request.url.path != "/health":
-            if request.headers.get("authorization", "") != f"Bearer {api_key}":
-                return JSONResponse(APIError(401, "invalid or missing API key").body(), status_code=401)
-        return await call_next(request)
+    async def check_key_and_log(request: Request, call_next):
+        t0 = time.monotonic()
+        if cfg.api_key and request.url.path != "/health" and not key_ok(request):
+            response = error_response(APIError(401, "invalid or missing API key"))
+        else:
+            response = await call_next(request)
+        if not getattr(request.state, "logs_itself", False):
+            log.info("%s %s %d %.0fms", request.method, request.url.path, response.status_code,
+                     (time.monotonic() - t0) * 1000)
+        return response
 
-    def ready() -> tuple[Runtime, Scheduler]:
-        if state.load_error:
-            raise APIError(503, f"model failed to load: {state.load_error}")
-        if state.sched is None:
-            raise APIError(503, "model is loading")
-        return state.runtime, state.sched
+    def engine() -> EngineClient:
+        e = state["engine"]
+        try:
+            e.check()
+        except EngineUnavailable as err:
+            raise APIError(503, str(err)) from None
+        return e
 
     def check_model(name: str | None) -> None:
-        if name and name != state.model_id:
-            raise APIError(404, f"model '{name}' not found (this server serves '{state.model_id}')", "model")
+        if name and name != model_id:
+            raise APIError(404, f"model '{name}' not found (this server serves '{model_id}')", "model")
 
     # -- plain endpoints ---------------------------------------------------------------------------------------
     @app.get("/health")
-    async def health():
-        if state.load_error:
-            return JSONResponse({"status": "error", "error": state.load_error}, status_code=503)
-        if state.sched is None:
+    async def health(request: Request):
+        e = state["engine"]
+        if e.error:
+            body = {"status": "error"}
+            if key_ok(request) or not cfg.api_key:
+                body["error"] = e.error
+            return JSONResponse(body, status_code=503)
+        if e.ready is None:
             return JSONResponse({"status": "loading"}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": state.model_id, "object": "model", "created": state.created,
+        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": state["created"],
                                             "owned_by": "engine"}]}
 
     @app.get("/metrics")
     async def metrics():
-        s = state.sched
-        st = s.stats if s else None
+        e = state["engine"]
+        st = e.stats
         lines = []
         for name, kind, value in [
-            ("engine_requests_total", "counter", st.requests_total if st else 0),
-            ("engine_requests_finished_total", "counter", st.requests_finished if st else 0),
-            ("engine_requests_running", "gauge", len(s.running) if s else 0),
-            ("engine_requests_waiting", "gauge", s.queue_length if s else 0),
-            ("engine_prompt_tokens_total", "counter", st.prompt_tokens_total if st else 0),
-            ("engine_prompt_tokens_shared_total", "counter", st.prompt_tokens_shared if st else 0),
-            ("engine_generated_tokens_total", "counter", st.generated_tokens_total if st else 0),
-            ("engine_generated_tokens_per_second", "gauge", round(st.tokens_per_second, 3) if st else 0),
-            ("engine_kv_slots_free", "gauge", len(s.free_slots) if s else 0),
+            ("engine_requests_total", "counter", st.requests_total),
+            ("engine_requests_finished_total", "counter", st.requests_finished),
+            ("engine_requests_failed_total", "counter", st.requests_failed),
+            ("engine_requests_running", "gauge", st.running),
+            ("engine_requests_waiting", "gauge", st.waiting),
+            ("engine_prompt_tokens_total", "counter", st.prompt_tokens_total),
+            ("engine_prompt_tokens_shared_total", "counter", st.prompt_tokens_shared),
+            ("engine_generated_tokens_total", "counter", st.generated_tokens_total),
+            ("engine_generated_tokens_per_second", "gauge", st.tokens_per_second),
+            ("engine_steps_total", "counter", st.steps),
+            ("engine_kv_slots_free", "gauge", st.kv_slots_free),
+            ("engine_core_up", "gauge", int(e.ready is not None and e.error is None)),
         ]:
             lines += [f"# TYPE {name} {kind}", f"{name} {value}"]
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
-        rt, _ = ready()
-        ids = rt.tokenizer.encode(body.content, add_special=body.add_special, parse_special=body.parse_special)
+        tok = state["tokenizer"]
+        ids = await blocking(lambda: tok.encode(body.content, add_special=body.add_special,
+                                                parse_special=body.parse_special))
         if body.with_pieces:
-            return {"tokens": [{"id": i, "piece": rt.tokenizer.piece(i)} for i in ids]}
+            return {"tokens": [{"id": i, "piece": tok.piece(i)} for i in ids]}
         return {"tokens": ids}
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
-        rt, _ = ready()
-        try:
-            return {"content": rt.tokenizer.decode(body.tokens)}
-        except TokenizerError as e:
-            raise APIError(400, str(e), "tokens") from None
+        tok = state["tokenizer"]
+        check_ids(body.tokens, "tokens")
+        return {"content": await blocking(tok.decode, body.tokens)}
 
     # -- generation --------------------------------------------------------------------------------------------
-    def engine_requests(rt: Runtime, body, prompt: list[int], max_tokens: int, top_logprobs) -> list[EngineRequest]:
-        reqs = []
-        for i in range(body.n):
-            seed = None if body.seed is None else body.seed + i
-            params = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
-                                    min_p=body.min_p, repeat_penalty=body.repeat_penalty,
-                                    presence_penalty=body.presence_penalty,
-                                    frequency_penalty=body.frequency_penalty, seed=seed)
-            reqs.append(EngineRequest(prompt, params, max_tokens, body.ignore_eos, top_logprobs))
-        return reqs
+    def limit_prompt(text: str) -> None:
+        e = state["engine"]
+        n_ctx = e.ready.n_ctx if e.ready else (cfg.core.n_ctx or 4096)
+        limit = n_ctx * cfg.prompt_chars_per_token
+        if len(text) > limit:
+            raise APIError(400, f"the prompt has {len(text)} characters, more than {limit} (the context of {n_ctx} "
+                                "tokens can hold no more)", "prompt", "context_length_exceeded")
 
-    def start(rt, sched, body, prompt, max_tokens, top_logprobs) -> MultiChoice:
+    def check_ids(ids: list[int], param: str) -> None:
+        n_vocab = state["tokenizer"].n_vocab
+        bad = next((t for t in ids if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise APIError(400, f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})", param)
+
+    def start(e: EngineClient, body, prompt: list[int], max_tokens: int, top_logprobs) -> MultiChoice:
+        ready = e.check()
         if not prompt:
             raise APIError(400, "the prompt is empty", "prompt")
-        if any(not 0 <= t < rt.tokenizer.n_vocab for t in prompt):
-            raise APIError(400, "prompt token id outside the vocabulary", "prompt")
+        check_ids(prompt, "prompt")
+        if len(prompt) + max_tokens > ready.n_ctx:
+            raise APIError(400, f"the prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) exceeds the "
+                                f"context of {ready.n_ctx} tokens", "max_tokens", "context_length_exceeded")
+        if e.in_flight + body.n > ready.n_seq + cfg.max_queue:
+            raise APIError(429, f"the server is full ({e.in_flight} sequences running or queued); retry later",
+                           headers={"Retry-After": "1"})
+        reqs = [AddRequest(0, prompt, max_tokens, body.ignore_eos, top_logprobs, body.temperature, body.top_k,
+                           body.top_p, body.min_p, body.repeat_penalty, body.repeat_last_n, body.presence_penalty,
+                           body.frequency_penalty, seed_bits(None if body.seed is None else body.seed + i))
+                for i in range(body.n)]
         try:
-            return MultiChoice(sched, rt.tokenizer, engine_requests(rt, body, prompt, max_tokens, top_logprobs),
-                               body.stops())
-        except ContextLengthError as e:
-            raise APIError(400, str(e), "max_tokens", "context_length_exceeded") from None
-        except ValueError as e:
-            raise APIError(400, str(e)) from None
+            return MultiChoice(e, state["tokenizer"], reqs, body.stops())
+        except EngineUnavailable as err:
+            raise APIError(503, str(err)) from None
 
-    def completion_logprobs(rt, tokens, offset0: int):
-        tok = rt.tokenizer
+    def as_api_error(err: Exception) -> APIError:
+        return APIError(503 if isinstance(err, EngineUnavailable) else err.status, str(err))
+
+    def completion_logprobs(tokens, offset0: int):
+        tok = state["tokenizer"]
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         offset = offset0
         for ev in tokens:
@@ -179,8 +269,8 @@ def create_app(model: str, device: str = "auto", n_parallel: int = 4, n_ctx: int
             offset += len(piece)
         return out
 
-    def chat_logprobs(rt, tokens):
-        tok = rt.tokenizer
+    def chat_logprobs(tokens):
+        tok = state["tokenizer"]
 
         def entry(tid, lp):
             b = tok.token_bytes(tid, special=True)
@@ -191,6 +281,13 @@ def create_app(model: str, device: str = "auto", n_parallel: int = 4, n_ctx: int
     def usage(mc: MultiChoice) -> dict:
         c = sum(mc.completion_tokens)
         return {"prompt_tokens": mc.prompt_tokens, "completion_tokens": c, "total_tokens": mc.prompt_tokens + c}
+
+    def log_generation(request: Request, status: int, mc: MultiChoice | None, t0: float) -> None:
+        now = time.monotonic()
+        ttft = f"{(mc.first_token_at - t0) * 1000:.0f}ms" if mc and mc.first_token_at else "-"
+        log.info("%s %s %d prompt=%d completion=%d ttft=%s duration=%.0fms", request.method, request.url.path,
+                 status, mc.prompt_tokens if mc else 0, sum(mc.completion_tokens) if mc else 0, ttft,
+                 (now - t0) * 1000)
 
     async def collect(mc: MultiChoice, request: Request, n: int):
         texts, toks, reasons = [""] * n, [[] for _ in range(n)], [None] * n
@@ -203,20 +300,22 @@ def create_app(model: str, device: str = "auto", n_parallel: int = 4, n_ctx: int
                 if await request.is_disconnected():
                     mc.cancel()
                     return None
-        except GenerationError as e:
-            raise APIError(500, str(e)) from None
+        except (GenerationError, EngineUnavailable) as e:
+            raise as_api_error(e) from None
         return texts, toks, reasons
 
     def sse(obj) -> str:
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
-    def stream(mc: MultiChoice, body, cid: str, created: int, object_type: str, head: list[dict], choice_of):
+    def stream(mc: MultiChoice, body, cid: str, created: int, object_type: str, head: list[dict], choice_of,
+               request: Request, t0: float):
         """Server-sent events: the head choices, one chunk per delta, the usage chunk if asked, then [DONE]."""
         def frame(choices, **extra) -> str:
-            return sse({"id": cid, "object": object_type, "created": created, "model": state.model_id,
+            return sse({"id": cid, "object": object_type, "created": created, "model": model_id,
                         "choices": choices, **extra})
 
         async def events():
+            status = 200
             try:
                 for c in head:
                     yield frame([c])
@@ -225,59 +324,85 @@ def create_app(model: str, device: str = "auto", n_parallel: int = 4, n_ctx: int
                 if (body.stream_options or {}).get("include_usage"):
                     yield frame([], usage=usage(mc))
                 yield "data: [DONE]\n\n"
-            except GenerationError as e:
-                yield sse(APIError(500, str(e)).body())
+            except (GenerationError, EngineUnavailable) as e:
+                err = as_api_error(e)
+                status = err.status
+                yield sse(err.body())
+            finally:
+                log_generation(request, status, mc, t0)
         return StreamingResponse(events(), media_type="text/event-stream")
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        rt, sched = ready()
+        t0 = time.monotonic()
+        e = engine()
         check_model(body.model)
+        tok = state["tokenizer"]
         if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str):
             if len(body.prompt) != 1:
                 raise APIError(400, "only one prompt per request is supported", "prompt")
             body.prompt = body.prompt[0]
-        prompt_text = body.prompt if isinstance(body.prompt, str) else rt.tokenizer.decode(body.prompt)
-        prompt = rt.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
+        if isinstance(body.prompt, str):
+            limit_prompt(body.prompt)
+            prompt_text, prompt = body.prompt, await blocking(tok.encode, body.prompt)
+        else:
+            prompt = list(body.prompt)
+            check_ids(prompt, "prompt")
+            prompt_text = await blocking(tok.decode, prompt) if body.echo else ""
         max_tokens = 16 if body.max_tokens is None else body.max_tokens
-        mc = start(rt, sched, body, prompt, max_tokens, body.logprobs)
+        mc = start(e, body, prompt, max_tokens, body.logprobs)
+        request.state.logs_itself = True
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         echo = prompt_text if body.echo else ""
 
         def chunk(index, text, tokens, reason, with_lp):
             c = {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
             if with_lp and body.logprobs is not None:
-                c["logprobs"] = completion_logprobs(rt, tokens, 0)
+                c["logprobs"] = completion_logprobs(tokens, 0)
             return c
 
         if body.stream:
             head = [chunk(i, echo, [], None, False) for i in range(body.n)] if echo else []
             return stream(mc, body, cid, created, "text_completion", head,
-                          lambda d: chunk(d.index, d.text, d.tokens, d.finish_reason, True))
-
-        result = await collect(mc, request, body.n)
+                          lambda d: chunk(d.index, d.text, d.tokens, d.finish_reason, True), request, t0)
+        try:
+            result = await collect(mc, request, body.n)
+        except APIError as err:
+            log_generation(request, err.status, mc, t0)
+            raise
         if result is None:
+            log_generation(request, 499, mc, t0)
             return JSONResponse({}, status_code=499)
         texts, toks, reasons = result
         choices = [{"index": i, "text": echo + texts[i], "finish_reason": reasons[i],
-                    "logprobs": completion_logprobs(rt, toks[i], len(echo)) if body.logprobs is not None else None}
+                    "logprobs": completion_logprobs(toks[i], len(echo)) if body.logprobs is not None else None}
                    for i in range(body.n)]
-        return {"id": cid, "object": "text_completion", "created": created, "model": state.model_id,
+        log_generation(request, 200, mc, t0)
+        return {"id": cid, "object": "text_completion", "created": created, "model": model_id,
                 "choices": choices, "usage": usage(mc)}
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
-        rt, sched = ready()
+        t0 = time.monotonic()
+        e = engine()
         check_model(body.model)
+        tok = state["tokenizer"]
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        limit_prompt("".join(m["content"] for m in messages))
+
+        def render() -> list[int]:
+            text = tok.apply_chat_template(messages, limits=cfg.template)
+            limit_prompt(text)
+            return tok.chat_prompt_ids_from_text(text)
         try:
-            prompt = rt.tokenizer.chat_prompt_ids(messages)
-        except TokenizerError as e:
-            raise APIError(400, str(e), "messages") from None
+            prompt = await blocking(render)
+        except TokenizerError as err:
+            raise APIError(400, str(err), "messages") from None
         limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        max_tokens = limit if limit is not None else max(1, rt.n_ctx - len(prompt))
+        max_tokens = limit if limit is not None else max(1, e.check().n_ctx - len(prompt))
         top = (body.top_logprobs or 0) if body.logprobs else None
-        mc = start(rt, sched, body, prompt, max_tokens, top)
+        mc = start(e, body, prompt, max_tokens, top)
+        request.state.logs_itself = True
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
         if body.stream:
@@ -287,16 +412,21 @@ def create_app(model: str, device: str = "auto", n_parallel: int = 4, n_ctx: int
             def choice_of(d):
                 return {"index": d.index, "delta": {"content": d.text} if d.text or not d.finish_reason else {},
                         "finish_reason": d.finish_reason,
-                        "logprobs": chat_logprobs(rt, d.tokens) if body.logprobs else None}
-            return stream(mc, body, cid, created, "chat.completion.chunk", head, choice_of)
-
-        result = await collect(mc, request, body.n)
+                        "logprobs": chat_logprobs(d.tokens) if body.logprobs else None}
+            return stream(mc, body, cid, created, "chat.completion.chunk", head, choice_of, request, t0)
+        try:
+            result = await collect(mc, request, body.n)
+        except APIError as err:
+            log_generation(request, err.status, mc, t0)
+            raise
         if result is None:
+            log_generation(request, 499, mc, t0)
             return JSONResponse({}, status_code=499)
         texts, toks, reasons = result
         choices = [{"index": i, "message": {"role": "assistant", "content": texts[i]}, "finish_reason": reasons[i],
-                    "logprobs": chat_logprobs(rt, toks[i]) if body.logprobs else None} for i in range(body.n)]
-        return {"id": cid, "object": "chat.completion", "created": created, "model": state.model_id,
+                    "logprobs": chat_logprobs(toks[i]) if body.logprobs else None} for i in range(body.n)]
+        log_generation(request, 200, mc, t0)
+        return {"id": cid, "object": "chat.completion", "created": created, "model": model_id,
                 "choices": choices, "usage": usage(mc)}
 
     return app

@@ -3,7 +3,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+def check_utf8(text: str) -> str:
+    """Text that can be encoded as UTF-8 (JSON lets a lone surrogate such as \\ud800 through)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text is not valid UTF-8 (a lone surrogate)") from None
+    return text
 
 
 class _Sampling(BaseModel):
@@ -19,11 +28,19 @@ class _Sampling(BaseModel):
     stop: str | list[str] | None = None
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    repeat_penalty: float = Field(default=1.0, gt=0.0)
+    repeat_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
+    repeat_last_n: int = Field(default=64, ge=-1)
     n: int = Field(default=1, ge=1, le=16)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     ignore_eos: bool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_text(cls, v):
+        for s in [v] if isinstance(v, str) else v or []:
+            check_utf8(s)
+        return v
 
     def stops(self) -> list[str]:
         if self.stop is None:
@@ -36,18 +53,49 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
 
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_text(cls, v):
+        for s in [v] if isinstance(v, str) else v:
+            if isinstance(s, str):
+                check_utf8(s)
+        return v
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+    @field_validator("text")
+    @classmethod
+    def _text(cls, v):
+        return v if v is None else check_utf8(v)
+
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[ContentPart] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, v):
+        if isinstance(v, str):
+            return check_utf8(v)
+        for part in v or []:
+            if part.type != "text":
+                raise ValueError(f"content parts of type '{part.type}' are not supported (text only)")
+            if part.text is None:
+                raise ValueError("a text content part needs a 'text' string")
+        return v
 
     def text(self) -> str:
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.get("text", "") for part in self.content if part.get("type") == "text")
+        return "".join(part.text or "" for part in self.content)
 
 
 class ChatRequest(_Sampling):
@@ -63,19 +111,29 @@ class TokenizeRequest(BaseModel):
     parse_special: bool = True
     with_pieces: bool = False
 
+    @field_validator("content")
+    @classmethod
+    def _text(cls, v):
+        return check_utf8(v)
+
 
 class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+               405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+               503: "unavailable_error"}
+
+
 class APIError(Exception):
     """An error answered in the OpenAI format: {"error": {"message", "type", "param", "code"}}."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, type_: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, type_: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-        self.type = type_ or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                              503: "unavailable_error"}.get(status, "server_error")
+        self.status, self.message, self.param, self.headers = status, message, param, headers
+        self.type = type_ or ERROR_TYPES.get(status, "server_error")
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}}

@@ -35,19 +35,35 @@ def test_batched_results_equal_single_runs(model):
         assert isinstance(ev[-1], FinishEvent) and ev[-1].reason == "length" and ev[-1].completion_tokens == 6
 
 
-def test_long_prompt_prefills_one_ubatch_per_step(model):
+def test_long_prompt_prefills_in_chunks_beside_decoding(model):
     rng = np.random.default_rng()
-    sched = Scheduler(Runtime.load(model, device="cpu", n_ctx=64, n_seq=2, n_ubatch=4))
+    sched = Scheduler(Runtime.load(model, device="cpu", n_ctx=64, n_seq=2, n_ubatch=4))   # 4 tokens a step
     short, long_ = [], []
     sched.submit(Request(rng.integers(0, N_VOCAB, 3).tolist(), max_tokens=20, ignore_eos=True), collect(short))
-    sched.step()                                    # the short prompt is in: its first token, then one decode
+    sched.step()                                    # the short prompt is in: its first token
+    assert len(short) == 1
     sched.submit(Request(rng.integers(0, N_VOCAB, 17).tolist(), max_tokens=2, ignore_eos=True), collect(long_))
-    for _ in range(4):                              # 17 tokens = 5 ubatches of 4: still prefilling after 4 steps
+    for _ in range(5):                              # each step: one decode token + 3 prompt tokens
         sched.step()
-    assert not long_ and sched.prefilling is not None
-    assert len([e for e in short if isinstance(e, TokenEvent)]) == 6   # 2 + one per step: it kept decoding
-    sched.step()                                    # the last ubatch: first token, then a decode with the others
-    assert [type(e) for e in long_] == [TokenEvent, TokenEvent, FinishEvent] and sched.prefilling is None
+    assert not long_ and sched.prefilling and sched.prefilling[0].prefilled == 15
+    assert len([e for e in short if isinstance(e, TokenEvent)]) == 6   # it kept decoding, one token a step
+    sched.step()                                    # the last 2 prompt tokens: the first token
+    sched.step()                                    # then a decode step with the short one
+    assert [type(e) for e in long_] == [TokenEvent, TokenEvent, FinishEvent] and not sched.prefilling
+    assert len([e for e in short if isinstance(e, TokenEvent)]) == 8
+
+
+def test_waiting_prompts_are_admitted_together(model):
+    rng = np.random.default_rng()
+    sched = Scheduler(Runtime.load(model, device="cpu", n_ctx=64, n_seq=4, n_ubatch=8), max_batch_tokens=16)
+    events = [[] for _ in range(5)]
+    for ev in events:
+        sched.submit(Request(rng.integers(0, N_VOCAB, 4).tolist(), max_tokens=3, ignore_eos=True), collect(ev))
+    sched.step()                                    # four slots, 16 tokens: four prompts in one forward
+    assert [len(ev) for ev in events] == [1, 1, 1, 1, 0] and sched.queue_length == 1
+    while sched.step():
+        pass
+    assert all(ev[-1].reason == "length" and ev[-1].completion_tokens == 3 for ev in events)
 
 
 def test_queue_and_cancel(model):

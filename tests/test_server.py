@@ -3,6 +3,7 @@ import json
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -20,15 +21,18 @@ def free_port() -> int:
 
 
 def start_server(*extra) -> tuple[subprocess.Popen, str]:
+    """`engine serve` on a free port, healthy; its stderr goes to a file (proc.log_path), never a pipe that fills."""
     port = free_port()
+    log = tempfile.NamedTemporaryFile("w+", prefix="engine-serve-", suffix=".log", delete=False)
     proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "smollm2-135m", "--port", str(port),
                              "--device", "cpu", "--ctx", "256", "--ubatch", "64", *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=log, text=True)
+    proc.log_path = log.name
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read()}")
+            raise RuntimeError(f"server exited: {open(log.name).read()[-3000:]}")
         try:
             if httpx.get(base + "/health", timeout=1).status_code == 200:
                 return proc, base

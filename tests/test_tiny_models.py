@@ -178,3 +178,59 @@ def test_cuda_graph_prefill_equals_eager(tiny, arch, path, monkeypatch):
         if graphs == "1":
             assert rt.backend.graphs.replays == 4 and not rt.backend.graphs.failures
     np.testing.assert_array_equal(results["1"], results["0"])
+
+
+def mixed_forward(rt: Runtime, prompts, chunk_prompts):
+    """Prefill prompts into slots 0.., then one forward of their decode rows followed by prefill chunks of
+    chunk_prompts (into the next slots) -> logits of the decode rows and of each chunk's last token."""
+    for slot, p in enumerate(prompts):
+        rt.prefill(p, seq=slot)
+    tokens, positions, slots, rows = [], [], [], []
+    for slot, p in enumerate(prompts):
+        tokens.append(p[0])
+        positions.append(len(p))
+        slots.append(slot)
+        rows.append(len(tokens) - 1)
+    for i, p in enumerate(chunk_prompts):
+        tokens += p
+        positions += range(len(p))
+        slots += [len(prompts) + i] * len(p)
+        rows.append(len(tokens) - 1)
+    return rt.backend.to_numpy(rt.forward(tokens, positions, slots, rows))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cuda_mixed_batch_matches_cpu(tiny, arch, monkeypatch):
+    """One forward of 3 decode rows and 2 prefill chunks (the scheduler's step: the decode rows' split attention,
+    each chunk's tiled attention) against the CPU rounding alike."""
+    rng = np.random.default_rng()
+    prompts = [rng.integers(0, N_VOCAB, n).tolist() for n in (5, 11, 8)]
+    chunks = [rng.integers(0, N_VOCAB, n).tolist() for n in (20, 7)]
+    gpu = mixed_forward(Runtime.load(tiny[arch], device="cuda", n_ctx=64, n_seq=5), prompts, chunks)
+    round_like_gpu(monkeypatch, dispatch_rounding(None), kv_f16=True)
+    cpu = mixed_forward(Runtime.load(tiny[arch], device="cpu", n_ctx=64, n_seq=5), prompts, chunks)
+    assert gpu.shape == (5, N_VOCAB)
+    assert nmse(gpu, cpu) < Q8_1_BOUND
+    assert_argmax_near_ties(gpu, cpu)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cuda_padded_graph_decode_matches_cpu(tiny, arch, monkeypatch):
+    """Decode steps of 9 and 13 sequences replay the graphs of 10 and 14 (rows padded into the spare KV slot, their
+    logits dropped): the sequences' logits against the CPU rounding alike, and the padding leaves no trace."""
+    from engine.backends.cuda_graphs import decode_bucket
+    assert decode_bucket(9) == 10 and decode_bucket(13) == 14
+    rng = np.random.default_rng()
+    prompts = [rng.integers(0, N_VOCAB, n).tolist() for n in rng.integers(4, 14, 13)]
+    steps = [rng.integers(0, N_VOCAB, 13).tolist() for _ in range(6)]
+    batches = [list(range(9)), list(range(13))]
+    rt = Runtime.load(tiny[arch], device="cuda", n_ctx=64, n_seq=13)
+    gpu = batched_decode(rt, prompts, steps, batches)
+    assert rt.backend.graphs.replays == 4 and not rt.backend.graphs.failures
+    round_like_gpu(monkeypatch, dispatch_rounding(None), kv_f16=True)
+    cpu = batched_decode(Runtime.load(tiny[arch], device="cpu", n_ctx=64, n_seq=13), prompts, steps, batches)
+    assert gpu.shape == cpu.shape == (3 * 9 + 3 * 13, N_VOCAB)
+    assert nmse(gpu, cpu) < Q8_1_BOUND
+    assert_argmax_near_ties(gpu, cpu)

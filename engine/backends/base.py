@@ -37,6 +37,15 @@ class Batch:
         p = self.positions
         return len(self.seq_ranges) == 1 and int(p[-1]) - int(p[0]) == len(p) - 1 and bool(np.all(np.diff(p) == 1))
 
+    def n_single_prefix(self) -> int:
+        """How many leading rows are sequences of one token each (a decode step's rows, placed first)."""
+        n = 0
+        for _, a, b in self.seq_ranges:
+            if b - a != 1:
+                break
+            n += 1
+        return n
+
     @classmethod
     def single(cls, tokens, start_pos: int, seq_id: int = 0, all_logits: bool = False) -> "Batch":
         n = len(tokens)
@@ -52,6 +61,7 @@ class KVCache:
         self.k = [xp.zeros(shape, dtype) for _ in range(n_layer)]
         self.v = [xp.zeros(shape, dtype) for _ in range(n_layer)]
         self.n_ctx = n_ctx
+        self.pad_slot: int | None = None    # a spare slot padding rows of a replayed decode step may write
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         """Give slot dst the first n positions of slot src (a prompt prefilled once, shared)."""
@@ -143,6 +153,14 @@ class Backend:
     def argmax(self, logits) -> np.ndarray:
         """Row-wise argmax of backend logits [n, n_vocab] -> int64 [n] (the first maximum, as numpy)."""
         return np.argmax(self.to_numpy(logits), axis=-1)
+
+    def sample(self, logits, samplers: list, histories: list[list[int]]) -> np.ndarray:
+        """One token per row of logits [n, n_vocab] -> int64 [n]: row i drawn by samplers[i] (engine/sampling.py)
+        with histories[i] for its penalties. The rows may be changed in place."""
+        if all(s.is_greedy for s in samplers):
+            return self.argmax(logits)
+        rows = self.to_numpy(logits)
+        return np.array([s(rows[i], h) for i, (s, h) in enumerate(zip(samplers, histories))], np.int64)
 
     def to_numpy(self, x) -> np.ndarray:
         """float32 numpy copy of a backend array (logits)."""

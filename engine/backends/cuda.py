@@ -11,6 +11,7 @@ import cupy as cp
 import numpy as np
 
 from ..cuda import dispatch, launch
+from ..cuda import sampling as device_sampling
 from ..cuda.build import PREFILL_HEAD_DIMS, kernel
 from ..cuda.weights import GPUWeight, upload
 from ..gguf import TensorInfo
@@ -151,48 +152,108 @@ class CUDABackend(Backend):
         return y
 
     def kv_cache(self, n_layer, n_seq, n_ctx, n_head_kv, head_dim):
-        return KVCache(cp, n_layer, n_seq, n_ctx, n_head_kv, head_dim, self.kv_dtype)
+        cache = KVCache(cp, n_layer, n_seq + 1, n_ctx, n_head_kv, head_dim, self.kv_dtype)
+        cache.pad_slot = n_seq                   # graph replays of decode steps pad their batch with this slot
+        return cache
 
     def attention(self, q, k, v, cache, layer, batch: Batch, scale, window):
         n, n_head, d = q.shape
-        n_kv = k.shape[1]
         if d % 32 or d > 256:
             raise ValueError(f"head_dim {d} is not supported by the attention kernel (a multiple of 32, <= 256)")
-        kt = "float" if cache.k[layer].dtype == cp.float32 else "u16"
         seq_ids, positions = self._dev(batch.seq_ids), self._dev(batch.positions)
         k = cp.ascontiguousarray(k, dtype=cp.float32)
         v = cp.ascontiguousarray(v, dtype=cp.float32)
-        row = n_kv * d
-        n_split = min(32, 4 * self.n_sm // (n * n_head))           # few queries (decode): split over the keys
-        store_in_split = n_split >= 2 and len(batch.seq_ranges) == n  # one token per sequence: the split kernel stores
-        if not store_in_split:
-            kernel("attention", f"kv_store<{kt}>")(((n * row + 255) // 256,), (256,),
-                                                    (k, v, cache.k[layer], cache.v[layer], seq_ids, positions,
-                                                     np.int32(n), np.int32(cache.n_ctx), np.int32(row)))
-        out = cp.empty((n, n_head, d), cp.float32)                   # out: [n, n_head, head_dim]
         q = cp.ascontiguousarray(q, dtype=cp.float32)
-        args = (cache.k[layer], cache.v[layer])
-        tail = (seq_ids, positions, np.int32(n_head), np.int32(n_kv), np.int32(d), np.int32(cache.n_ctx),
-                np.float32(scale), np.int32(window or 0))
-        if n_split < 2 and d in PREFILL_HEAD_DIMS and batch.is_one_run():  # a prefill ubatch: tiled
-            pargs = (q, *args, out, seq_ids, positions, np.int32(n), np.int32(n_head), np.int32(n_kv),
-                     np.int32(cache.n_ctx), np.float32(scale), np.int32(window or 0))
-            if kt == "u16":                                           # f16 tensor cores
-                launch.attention_prefill_mma(d, ((n + 15) // 16, n_head), pargs)
+        ctx = (cache, layer, scale, window)
+        n_decode = batch.n_single_prefix()                          # leading one-token sequences: decode rows
+        if len(batch.seq_ranges) == 1 or n_decode == n:              # one prefill ubatch, or a decode step
+            n_split = self._n_split(n, n_head)
+            if n_split >= 2:                                         # few queries: split over the keys
+                if n_decode == n:                                    # ... the split kernel stores k, v itself
+                    return self._attention_split(q, k, v, seq_ids, positions, n_split, ctx)
+                self._kv_store(k, v, seq_ids, positions, ctx)
+                return self._attention_split(q, None, None, seq_ids, positions, n_split, ctx)
+            self._kv_store(k, v, seq_ids, positions, ctx)
+            if batch.is_one_run():
+                return self._attention_run(q, seq_ids, positions, ctx).reshape(n, n_head * d)
+            out = cp.empty((n, n_head, d), cp.float32)
+            self._attention_plain(q, seq_ids, positions, out, ctx)
+            return out.reshape(n, n_head * d)
+        self._kv_store(k, v, seq_ids, positions, ctx)              # mixed: decode rows first, then prefill chunks
+        out = cp.empty((n, n_head, d), cp.float32)                   # out: [n, n_head, head_dim]
+        if n_decode:                                                 # mixed: the decode rows together ...
+            n_split = self._n_split(n_decode, n_head)
+            rows = slice(0, n_decode)
+            if n_split >= 2:
+                out[rows] = self._attention_split(q[rows], None, None, seq_ids[rows], positions[rows], n_split,
+                                                  ctx).reshape(n_decode, n_head, d)
             else:
-                launch.attention_prefill_simt(d, ((n + 31) // 32, n_head), pargs)
-        elif n_split >= 2:
-            part = cp.empty((n, n_head, n_split, d + 2), cp.float32)  # per chunk: max, sum, output[head_dim]
-            q8 = (cp.empty((n, n_head * d), cp.int8), cp.empty((n, n_head * d // 8), cp.float32))  # out as q8_1
-            kernel("attention", f"attention_split<{kt}>")((n, n_head, n_split), (32, 4),
-                                                           (q, *args, out, *tail, part, self._tickets, *q8,
-                                                            *((k, v) if store_in_split else (np.uint64(0),) * 2)))
-            out = out.reshape(n, n_head * d)
-            self.acts.put_q8_1(out, q8)
-            return out
-        else:
-            kernel("attention", f"attention<{kt}>")((n, n_head), (32,), (q, *args, out, *tail))
+                self._attention_plain(q[rows], seq_ids[rows], positions[rows], out[rows], ctx)
+        for _, a, b in batch.seq_ranges:                             # ... then each prefill chunk
+            if b - a > 1 or a >= n_decode:
+                rows = slice(a, b)
+                out[rows] = self._attention_run(q[rows], seq_ids[rows], positions[rows], ctx)
         return out.reshape(n, n_head * d)
+
+    def _n_split(self, n: int, n_head: int) -> int:
+        """Key chunks per (token, head) of attention_split: enough blocks for 4 per SM, at most 32."""
+        return min(32, 4 * self.n_sm // (n * n_head))
+
+    @staticmethod
+    def _kv_type(cache, layer) -> str:
+        return "float" if cache.k[layer].dtype == cp.float32 else "u16"
+
+    def _kv_store(self, k, v, seq_ids, positions, ctx) -> None:
+        cache, layer, _, _ = ctx
+        n, row = k.shape[0], k.shape[1] * k.shape[2]
+        kernel("attention", f"kv_store<{self._kv_type(cache, layer)}>")(
+            ((n * row + 255) // 256,), (256,), (k, v, cache.k[layer], cache.v[layer], seq_ids, positions,
+                                                np.int32(n), np.int32(cache.n_ctx), np.int32(row)))
+
+    def _tail(self, q, n_kv, seq_ids, positions, ctx) -> tuple:
+        cache, _, scale, window = ctx
+        return (seq_ids, positions, np.int32(q.shape[1]), np.int32(n_kv), np.int32(q.shape[2]),
+                np.int32(cache.n_ctx), np.float32(scale), np.int32(window or 0))
+
+    def _attention_split(self, q, k, v, seq_ids, positions, n_split, ctx):
+        """Few query tokens (decode), split over the keys; stores k, v first when given. -> [n, n_head*head_dim],
+        with its q8_1 blocks registered for the next mul_mat."""
+        cache, layer, _, _ = ctx
+        n, n_head, d = q.shape
+        n_kv = cache.k[layer].shape[2]
+        out = cp.empty((n, n_head, d), cp.float32)
+        part = cp.empty((n, n_head, n_split, d + 2), cp.float32)     # per chunk: max, sum, output[head_dim]
+        q8 = (cp.empty((n, n_head * d), cp.int8), cp.empty((n, n_head * d // 8), cp.float32))  # out as q8_1
+        kernel("attention", f"attention_split<{self._kv_type(cache, layer)}>")(
+            (n, n_head, n_split), (32, 4),
+            (q, cache.k[layer], cache.v[layer], out, *self._tail(q, n_kv, seq_ids, positions, ctx), part,
+             self._tickets, *q8, *((k, v) if k is not None else (np.uint64(0),) * 2)))
+        out = out.reshape(n, n_head * d)
+        self.acts.put_q8_1(out, q8)
+        return out
+
+    def _attention_plain(self, q, seq_ids, positions, out, ctx) -> None:
+        cache, layer, _, _ = ctx
+        n, n_head, _ = q.shape
+        kernel("attention", f"attention<{self._kv_type(cache, layer)}>")(
+            (n, n_head), (32,), (q, cache.k[layer], cache.v[layer], out,
+                                 *self._tail(q, cache.k[layer].shape[2], seq_ids, positions, ctx)))
+
+    def _attention_run(self, q, seq_ids, positions, ctx):
+        """Query tokens of one sequence at consecutive positions (a prefill chunk) -> [n, n_head, head_dim]."""
+        cache, layer, scale, window = ctx
+        n, n_head, d = q.shape
+        out = cp.empty((n, n_head, d), cp.float32)
+        if d not in PREFILL_HEAD_DIMS or n == 1:
+            self._attention_plain(q, seq_ids, positions, out, ctx)
+            return out
+        pargs = (q, cache.k[layer], cache.v[layer], out, seq_ids, positions, np.int32(n), np.int32(n_head),
+                 np.int32(cache.k[layer].shape[2]), np.int32(cache.n_ctx), np.float32(scale), np.int32(window or 0))
+        if self._kv_type(cache, layer) == "u16":                     # f16 tensor cores
+            launch.attention_prefill_mma(d, ((n + 15) // 16, n_head), pargs)
+        else:
+            launch.attention_prefill_simt(d, ((n + 31) // 32, n_head), pargs)
+        return out
 
     def swiglu(self, gate, up):
         return _swiglu(gate, up)
@@ -217,6 +278,12 @@ class CUDABackend(Backend):
             kernel("argmax", "argmax_rows")((min(64, -(-m // 4096)), n), (256,), (x, best, np.int32(m)))
             keys = best.get()
         return (0xFFFFFFFF - (keys & 0xFFFFFFFF)).astype(np.int64)
+
+    def sample(self, logits, samplers, histories):
+        if all(s.is_greedy for s in samplers):
+            return self.argmax(logits)
+        with self.stream:
+            return device_sampling.sample(logits, samplers, histories)
 
     def to_numpy(self, x):
         return cp.asnumpy(x).astype(np.float32, copy=False)

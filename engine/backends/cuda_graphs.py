@@ -1,7 +1,8 @@
 """Forward passes replayed as CUDA graphs.
 
-Decode steps (1..MAX_DECODE_BATCH sequences, one token each, every row's logits) get one graph per batch size,
-captured at its first step. Prefill ubatches of one sequence (at least MIN_PREFILL tokens at consecutive positions,
+Decode steps (1..MAX_DECODE_BATCH sequences, one token each, every row's logits) get one graph per batch-size bucket
+(DECODE_BUCKETS), captured at its first step; a step of fewer sequences than its bucket is padded with rows that
+write the KV cache's spare slot (cache.pad_slot) and whose logits are dropped. Prefill ubatches of one sequence (at least MIN_PREFILL tokens at consecutive positions,
 the last token's logits or none) get one graph per length, captured the second time that length comes (the ubatch
 size of a long prompt, a benchmark's prompt; the MAX_PREFILL_GRAPHS most recent kept). CuPy refuses its own cuBLAS
 wrappers during a capture: launch.gemm_xwt then calls cublasGemmEx through ctypes (cuda/cublas_capture.py). Should a
@@ -23,10 +24,12 @@ from dataclasses import dataclass
 import cupy as cp
 import numpy as np
 
-from ..cuda.launch import MMVQ_MAX_COLS
 from .base import Batch
 
-MAX_DECODE_BATCH = MMVQ_MAX_COLS     # the MMVQ range (above it, dequantized weights would fill the graph's pool)
+# Up to 64 columns every weight type of the test and benchmark models takes MMVQ or MMQ (cuda/dispatch.py); above,
+# some take dequantize + cuBLAS, whose f16 copy of a weight would live in each graph's memory pool.
+DECODE_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64)
+MAX_DECODE_BATCH = DECODE_BUCKETS[-1]
 MIN_PREFILL = 64
 MAX_PREFILL_GRAPHS = 4
 
@@ -45,6 +48,11 @@ class CapturedStep:
 
 def graphs_enabled() -> bool:
     return os.environ.get("ENGINE_CUDA_GRAPHS", "1") != "0"
+
+
+def decode_bucket(n: int) -> int:
+    """The graph batch size a decode step of n sequences is padded to."""
+    return next(b for b in DECODE_BUCKETS if b >= n)
 
 
 def step_kind(batch: Batch) -> str | None:
@@ -76,14 +84,20 @@ class StepGraphs:
         kind = step_kind(batch)
         if kind is None or (kind != "decode" and id(model) in self.no_prefill):
             return self._eager(model, batch, cache)
-        key = (id(model), id(cache), kind, len(batch.tokens))
-        table = self.decode if kind == "decode" else self.prefill
+        n = len(batch.tokens)
         host = np.stack([batch.tokens, batch.positions, batch.seq_ids]).astype(np.int32)   # [3, n]
+        logit_rows = batch.logit_rows
+        if kind == "decode" and getattr(cache, "pad_slot", None) is not None and decode_bucket(n) > n:
+            pad = decode_bucket(n) - n                                   # rows writing the spare slot at position 0
+            host = np.concatenate([host, np.array([[0] * pad, [0] * pad, [cache.pad_slot] * pad], np.int32)], 1)
+            logit_rows = np.arange(n + pad, dtype=np.int32)
+        key = (id(model), id(cache), kind, host.shape[1])
+        table = self.decode if kind == "decode" else self.prefill
         if key not in table:
             self.seen[key] += 1
             if kind != "decode" and self.seen[key] < 2:
                 return self._eager(model, batch, cache)
-            logits, step = self._capture(model, cache, host, batch.logit_rows)
+            logits, step = self._capture(model, cache, host, logit_rows)
             if kind == "decode":
                 table[key] = step
             elif step is None:
@@ -92,7 +106,7 @@ class StepGraphs:
                 table[key] = step
                 if len(table) > MAX_PREFILL_GRAPHS:
                     table.popitem(last=False)
-            return logits
+            return logits[:n] if kind == "decode" else logits
         step = table[key]
         if step is None:                                      # its capture failed: eager from now on
             return self._eager(model, batch, cache)
@@ -102,7 +116,7 @@ class StepGraphs:
         step.inputs.set(host, stream=stream)
         step.graph.launch(stream=stream)
         self.replays += 1
-        return step.logits
+        return step.logits[:n] if kind == "decode" else step.logits
 
     def _eager(self, model, batch, cache):
         with self.backend.stream:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
 FAMILIES = ("quantize", "dequantize", "mmvq", "mmvf", "mmq", "rms_norm", "rope", "attention",
-            "attention_mma", "argmax")
+            "attention_mma", "argmax", "sampling")
 QTYPES = {"T_Q4_0": 2, "T_Q4_1": 3, "T_Q5_0": 6, "T_Q5_1": 7, "T_Q8_0": 8, "T_Q2_K": 10, "T_Q3_K": 11,
           "T_Q4_K": 12, "T_Q5_K": 13, "T_Q6_K": 14, "T_IQ4_NL": 20, "T_IQ4_XS": 23}
 PIECE_QTYPES = {"T_Q4_K": 12}           # the types mmvq.cu's mmvq_pieces serves (FOR_EACH_PIECE_QTYPE)
@@ -50,6 +50,8 @@ def name_expressions(family: str) -> list[str]:
         return [f"mmq<{t}>" for t in qtypes] + ["mmq_q4_K", "mmq_split_sum"]
     if family == "argmax":
         return ["argmax_rows"]
+    if family == "sampling":
+        return ["apply_penalties", "sample_rows"]
     if family == "rope":
         return ["rope", "rope_qk"]
     if family == "rms_norm":

@@ -1,0 +1,229 @@
+"""The front end's side of the engine core: start the process, send requests, route its step outputs, watch it.
+
+    engine = EngineClient(CoreConfig(...)); await engine.start()      # Ready, or EngineUnavailable
+    mc = MultiChoice(engine, tokenizer, [AddRequest(...), ...], stops)
+    async for delta in mc.deltas(): ...
+
+One asyncio task reads the core's Outputs and puts each event on its request's queue; a watchdog turns a core that
+exited, or that is silent past `stall_s` while requests wait on it, into EngineUnavailable for every waiting request
+and every new one (the server answers 503). Detokenization and stop strings run here, per choice.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import multiprocessing
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+
+from engine.stop import StopMatcher
+from engine.tokenizer import Tokenizer
+
+from .core import CoreConfig, run_core
+from .messages import Abort, AddRequest, CoreStats, Event, Fatal, Outputs, Ready, Shutdown, encoder, \
+    from_core_decoder
+
+__all__ = ["CoreConfig", "EngineClient", "EngineUnavailable", "GenerationError", "MultiChoice", "ChoiceDelta"]
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine core is loading, failed to load, exited or stopped answering."""
+
+
+class GenerationError(RuntimeError):
+    """One request failed in the engine core (its message says why); status 400 when the core refused it."""
+
+    def __init__(self, message: str, status: int = 500):
+        super().__init__(message)
+        self.status = status
+
+
+class EngineClient:
+    def __init__(self, cfg: CoreConfig, stall_s: float = 300.0):
+        self.cfg, self.stall_s = cfg, stall_s
+        self.ready: Ready | None = None
+        self.error: str | None = None            # why the core is unavailable (None: loading or ready)
+        self.stats = CoreStats()
+        self.queues: dict[int, tuple[asyncio.Queue, int]] = {}     # rid -> (its choice's queue, choice index)
+        self._rids = itertools.count(1)
+        self._last_heard = time.monotonic()
+        self._dir = tempfile.mkdtemp(prefix="engine-ipc-")
+        self._ctx = zmq.asyncio.Context()
+        self._sync_ctx = zmq.Context()
+        self._push = self._sync_ctx.socket(zmq.PUSH)                 # sends never wait (NOBLOCK, a deep queue)
+        self._pull = self._ctx.socket(zmq.PULL)
+        in_addr, out_addr = f"ipc://{self._dir}/in", f"ipc://{self._dir}/out"
+        self._push.setsockopt(zmq.SNDHWM, 1 << 20)
+        self._push.setsockopt(zmq.LINGER, 0)
+        self._push.bind(in_addr)
+        self._pull.bind(out_addr)
+        self.proc = multiprocessing.get_context("spawn").Process(
+            target=run_core, args=(cfg, in_addr, out_addr), name="engine-core", daemon=True)
+        self._tasks: list[asyncio.Task] = []
+
+    # -- life ----------------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the core and the reader and watchdog tasks; returns at once (ready is set when the core is)."""
+        self.proc.start()
+        self._last_heard = time.monotonic()
+        self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._watch())]
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.ready is None and self.error is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError("the engine core did not become ready")
+            await asyncio.sleep(0.05)
+        if self.error:
+            raise EngineUnavailable(self.error)
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        if self.proc.is_alive():
+            self._send(Shutdown())
+            await asyncio.get_running_loop().run_in_executor(None, self.proc.join, 5)
+            if self.proc.is_alive():
+                self.proc.kill()
+        self._push.close(0)
+        self._pull.close(0)
+        self._ctx.term()
+        self._sync_ctx.term()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def check(self) -> Ready:
+        """The core's Ready, or EngineUnavailable."""
+        if self.error:
+            raise EngineUnavailable(self.error)
+        if self.ready is None:
+            raise EngineUnavailable("the model is loading")
+        return self.ready
+
+    # -- requests ------------------------------------------------------------------------------------------------
+    def _send(self, msg) -> bool:
+        try:
+            self._push.send(encoder.encode(msg), zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:
+            return False
+
+    def submit(self, req: AddRequest, queue: asyncio.Queue, index: int = 0) -> int:
+        """Send a request -> its rid (assigned here); its events arrive on queue as (index, Event)."""
+        self.check()
+        req.rid = next(self._rids)
+        self.queues[req.rid] = (queue, index)
+        if not self._send(req):
+            self.queues.pop(req.rid, None)
+            raise EngineUnavailable("the engine core is not reading its requests")
+        return req.rid
+
+    def abort(self, rids: list[int]) -> None:
+        rids = [r for r in rids if self.queues.pop(r, None) is not None]
+        if rids and self.error is None:
+            self._send(Abort(rids))
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.queues)
+
+    # -- tasks ---------------------------------------------------------------------------------------------------
+    async def _read(self) -> None:
+        while True:
+            msg = from_core_decoder.decode(await self._pull.recv())
+            self._last_heard = time.monotonic()
+            if isinstance(msg, Outputs):
+                self.stats = msg.stats
+                for ev in msg.events:
+                    target = self.queues.get(ev.rid)
+                    if target is not None:
+                        target[0].put_nowait((target[1], ev))
+                        if ev.finish is not None:
+                            self.queues.pop(ev.rid, None)
+            elif isinstance(msg, Ready):
+                self.ready = msg
+            elif isinstance(msg, Fatal):
+                self._fail(f"the model failed to load: {msg.error}")
+
+    async def _watch(self) -> None:
+        while self.error is None:
+            await asyncio.sleep(0.25)
+            if not self.proc.is_alive():
+                self._fail(f"the engine core exited (code {self.proc.exitcode})" if self.ready or
+                           self.proc.exitcode else "the engine core exited while loading")
+            elif self.ready and self.queues and time.monotonic() - self._last_heard > self.stall_s:
+                self._fail(f"the engine core has not answered for {self.stall_s:.0f} s")
+
+    def _fail(self, why: str) -> None:
+        """Every waiting request gets the error; every later one EngineUnavailable."""
+        if self.error is None:
+            self.error = why
+        for rid, (q, index) in list(self.queues.items()):
+            q.put_nowait((index, Event(rid, -1, finish="unavailable", error=why)))
+        self.queues.clear()
+
+
+# -- one request's choices -----------------------------------------------------------------------------------------
+@dataclass
+class ChoiceDelta:
+    index: int
+    text: str = ""
+    tokens: list[Event] = field(default_factory=list)    # tokens whose text this delta carries
+    finish_reason: str | None = None
+
+
+class MultiChoice:
+    """One request's n choices running in the engine core; `deltas()` yields their text as it comes."""
+
+    def __init__(self, engine: EngineClient, tok: Tokenizer, requests: list[AddRequest], stops: list[str]):
+        self.engine, self.tok = engine, tok
+        self.decoders = [tok.stream_decoder() for _ in requests]
+        self.matchers = [StopMatcher(stops) for _ in requests]
+        self.finished = [False] * len(requests)
+        self.completion_tokens = [0] * len(requests)
+        self.prompt_tokens = len(requests[0].prompt)
+        self.merged: asyncio.Queue = asyncio.Queue()
+        self.first_token_at: float | None = None
+        self.rids: list[int] = []
+        try:
+            for i, req in enumerate(requests):
+                self.rids.append(engine.submit(req, self.merged, i))
+        except EngineUnavailable:
+            self.cancel()
+            raise
+
+    def cancel(self) -> None:
+        self.engine.abort([rid for i, rid in enumerate(self.rids) if not self.finished[i]])
+
+    async def deltas(self):
+        try:
+            while not all(self.finished):
+                i, ev = await self.merged.get()
+                if self.finished[i]:
+                    continue
+                if ev.finish is None:
+                    if self.first_token_at is None:
+                        self.first_token_at = time.monotonic()
+                    self.completion_tokens[i] += 1
+                    text = self.matchers[i].feed(self.decoders[i].add(ev.token))
+                    if self.matchers[i].stopped:
+                        self.finished[i] = True
+                        self.engine.abort([self.rids[i]])
+                        yield ChoiceDelta(i, text, [ev], "stop")
+                    else:
+                        yield ChoiceDelta(i, text, [ev])
+                    continue
+                self.finished[i] = True
+                if ev.finish == "unavailable":
+                    raise EngineUnavailable(ev.error)
+                if ev.finish in ("error", "rejected"):
+                    raise GenerationError(ev.error or "generation failed", 400 if ev.finish == "rejected" else 500)
+                tail = self.matchers[i].feed(self.decoders[i].flush()) + self.matchers[i].flush()
+                yield ChoiceDelta(i, tail, [], "stop" if ev.finish in ("stop", "cancelled") else ev.finish)
+        finally:
+            self.cancel()   # a client that went away frees its sequences at the next step
+

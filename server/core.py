@@ -1,0 +1,186 @@
+"""The engine-core process: the scheduler, the runtime and the GPU, in a loop that waits on nothing but its inputs.
+
+    python -m server.core is not a command: server/client.py starts `run_core(config, in_addr, out_addr)` in a
+    spawned process. Each turn of the loop takes every message waiting on its input socket, runs one scheduler step
+    when there is work, and sends that step's events of every request as one Outputs message. Idle, it blocks on
+    the input socket and sends an empty Outputs every HEARTBEAT_S.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from .messages import (HEARTBEAT_S, Abort, AddRequest, CoreStats, Event, Fatal, Outputs, Ready, Shutdown, encoder,
+                       to_core_decoder)
+
+
+@dataclass
+class CoreConfig:
+    model: str
+    device: str = "auto"
+    n_parallel: int | None = None              # None: default_parallel()
+    n_ctx: int | None = None
+    n_ubatch: int = 512
+    max_batch_tokens: int | None = None
+    kv_f32: bool = False
+    warmup: bool = True
+
+
+def run_core(cfg: CoreConfig, in_addr: str, out_addr: str) -> None:
+    """The process's main: load, report Ready (or Fatal), then serve until Shutdown or the front end goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)          # Ctrl-C goes to the front end, which shuts us down
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    pull.connect(in_addr)
+    push.connect(out_addr)
+    push.setsockopt(zmq.LINGER, 1000)
+    try:
+        core = EngineCore(cfg)
+    except Exception as e:     # a bad file, no GPU, out of memory: the front end answers 503 with this
+        push.send(encoder.encode(Fatal(f"{type(e).__name__}: {e}")))
+        push.close()
+        ctx.term()
+        return
+    push.send(encoder.encode(core.ready()))
+    try:
+        core.serve(pull, push)
+    finally:
+        pull.close(0)
+        push.close()
+        ctx.term()
+
+
+MAX_DEFAULT_PARALLEL = 64
+CPU_DEFAULT_PARALLEL = 4
+
+
+def default_parallel(cfg: CoreConfig) -> int:
+    """KV slots when --parallel is not given: 4 on the CPU; on a GPU as many as 90 % of the memory left after the
+    weights holds, at most 64."""
+    from engine.backends import cuda_available
+    from engine.gguf import GGUFFile
+    from engine.hub import resolve_model
+    from engine.model.config import ModelConfig
+    from engine.runtime import DEFAULT_CTX
+
+    if cfg.device == "cpu" or (cfg.device == "auto" and not cuda_available()):
+        return CPU_DEFAULT_PARALLEL
+    import cupy
+    f = GGUFFile(resolve_model(cfg.model))
+    c = ModelConfig.from_gguf(f)
+    n_ctx = cfg.n_ctx or min(DEFAULT_CTX, c.n_ctx_train)
+    per_slot = 2 * c.n_layer * n_ctx * c.n_head_kv * c.head_dim * (4 if cfg.kv_f32 else 2)
+    free, _ = cupy.cuda.runtime.memGetInfo()
+    room = 0.9 * free - f.file_size
+    return max(1, min(MAX_DEFAULT_PARALLEL, int(room // per_slot) - 1))
+
+
+class EngineCore:
+    def __init__(self, cfg: CoreConfig):
+        from engine.runtime import Runtime
+        from engine.scheduler import Scheduler
+
+        self.cfg = cfg
+        n_seq = cfg.n_parallel or default_parallel(cfg)
+        self.rt = Runtime.load(cfg.model, device=cfg.device, n_ctx=cfg.n_ctx, n_seq=n_seq,
+                               n_ubatch=cfg.n_ubatch, kv_f32=cfg.kv_f32)
+        self.sched = Scheduler(self.rt, cfg.max_batch_tokens)
+        self.seq_of: dict[int, int] = {}          # request id -> scheduler sequence id
+        self.events: list[Event] = []
+        if cfg.warmup:
+            self.warm_up()
+
+    def ready(self) -> Ready:
+        return Ready(self.rt.n_ctx, self.rt.config.n_vocab, self.rt.n_seq, self.rt.backend.name,
+                     self.sched.max_batch_tokens)
+
+    def warm_up(self) -> None:
+        """Compile and load every kernel a serving step uses (a mixed prefill + decode step, decode steps of one
+        and of all slots) before the first request, so no request waits for the compiler."""
+        from engine.sampling import Sampler, SamplingParams
+
+        rt, n = self.rt, self.rt.n_seq
+        chunk = min(32, rt.n_ctx - 1)
+        tokens = [1] * chunk
+        rt.forward(tokens, list(range(chunk)), [0] * chunk, [chunk - 1])
+        if n > 1:
+            logits = rt.forward([1] + tokens, [chunk] + list(range(chunk)), [0] + [1] * chunk, [0, chunk])
+            rt.backend.sample(logits, [Sampler(SamplingParams(temperature=1.0, top_k=40, top_p=0.9)) for _ in
+                                       range(2)], [[1], [1]])
+        for b in sorted({1, n}):
+            rt.forward([1] * b, [chunk] * b, list(range(b)), list(range(b)))
+        sync = getattr(rt.backend, "synchronize", None)
+        if sync:
+            sync()
+
+    # -- the loop ----------------------------------------------------------------------------------------------
+    def serve(self, pull, push) -> None:
+        parent = os.getppid()
+        last_sent = time.monotonic()
+        while True:
+            busy = self.sched.has_work
+            if pull.poll(0 if busy else int(HEARTBEAT_S * 1000)):
+                while True:
+                    try:
+                        raw = pull.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    if not self.handle(to_core_decoder.decode(raw)):
+                        return
+            if self.sched.has_work:
+                self.sched.step()
+            now = time.monotonic()
+            if self.events or now - last_sent >= HEARTBEAT_S:
+                if os.getppid() != parent:          # the front end died: nobody reads us
+                    return
+                push.send(encoder.encode(Outputs(self.events, self.stats())))
+                self.events = []
+                last_sent = now
+
+    def handle(self, msg) -> bool:
+        """One message from the front end; False on Shutdown."""
+        if isinstance(msg, AddRequest):
+            self.add(msg)
+        elif isinstance(msg, Abort):
+            for rid in msg.rids:
+                sid = self.seq_of.get(rid)
+                if sid is not None:
+                    self.sched.cancel(sid)
+        elif isinstance(msg, Shutdown):
+            return False
+        return True
+
+    def add(self, msg: AddRequest) -> None:
+        from engine.sampling import SamplingParams
+        from engine.scheduler import Request
+
+        try:
+            params = SamplingParams(temperature=msg.temperature, top_k=msg.top_k, top_p=msg.top_p, min_p=msg.min_p,
+                                    repeat_penalty=msg.repeat_penalty, repeat_last_n=msg.repeat_last_n,
+                                    presence_penalty=msg.presence_penalty, frequency_penalty=msg.frequency_penalty,
+                                    seed=msg.seed)
+            req = Request(msg.prompt, params, msg.max_tokens, msg.ignore_eos, msg.top_logprobs)
+            self.seq_of[msg.rid] = self.sched.submit(req, self._on_event(msg.rid))
+        except Exception as e:     # the front end validated first; this is the last word
+            self.events.append(Event(msg.rid, -1, finish="rejected", error=f"{type(e).__name__}: {e}"))
+
+    def _on_event(self, rid: int):
+        from engine.scheduler import FinishEvent
+
+        def on_event(ev) -> None:
+            if isinstance(ev, FinishEvent):
+                self.seq_of.pop(rid, None)
+                self.events.append(Event(rid, -1, finish=ev.reason, error=ev.error))
+            else:
+                self.events.append(Event(rid, ev.token, ev.logprob, ev.top))
+        return on_event
+
+    def stats(self) -> CoreStats:
+        s, st = self.sched, self.sched.stats
+        return CoreStats(st.requests_total, st.requests_finished, st.requests_failed, len(s.running) +
+                         len(s.prefilling), s.queue_length, st.prompt_tokens_total, st.prompt_tokens_shared,
+                         st.generated_tokens_total, st.steps, round(st.tokens_per_second, 3), len(s.free_slots))

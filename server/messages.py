@@ -1,0 +1,85 @@
+"""The messages between the HTTP front end and the engine-core process (msgpack over ZeroMQ, msgspec structs).
+
+front end -> core: AddRequest, Abort, Shutdown.
+core -> front end: Ready (once, after loading) or Fatal, then Outputs: every step's events of every request in one
+message, with the scheduler's counters; an idle core sends an empty Outputs each HEARTBEAT_S as a sign of life.
+"""
+from __future__ import annotations
+
+import msgspec
+
+HEARTBEAT_S = 1.0
+
+
+class AddRequest(msgspec.Struct, tag=True):
+    rid: int
+    prompt: list[int]
+    max_tokens: int
+    ignore_eos: bool = False
+    top_logprobs: int | None = None
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+
+
+class Abort(msgspec.Struct, tag=True):
+    rids: list[int]
+
+
+class Shutdown(msgspec.Struct, tag=True):
+    pass
+
+
+class Ready(msgspec.Struct, tag=True):
+    n_ctx: int
+    n_vocab: int
+    n_seq: int
+    device: str
+    max_batch_tokens: int
+
+
+class Fatal(msgspec.Struct, tag=True):
+    error: str
+
+
+class Event(msgspec.Struct, array_like=True):
+    """A token (finish None) or the end of a request (token -1)."""
+    rid: int
+    token: int
+    logprob: float | None = None
+    top: list[tuple[int, float]] | None = None
+    finish: str | None = None           # "stop" | "length" | "cancelled" | "error" | "rejected"
+    error: str | None = None
+
+
+class CoreStats(msgspec.Struct, array_like=True):
+    requests_total: int = 0
+    requests_finished: int = 0
+    requests_failed: int = 0
+    running: int = 0
+    waiting: int = 0
+    prompt_tokens_total: int = 0
+    prompt_tokens_shared: int = 0
+    generated_tokens_total: int = 0
+    steps: int = 0
+    tokens_per_second: float = 0.0
+    kv_slots_free: int = 0
+
+
+class Outputs(msgspec.Struct, tag=True):
+    events: list[Event]
+    stats: CoreStats
+
+
+ToCore = AddRequest | Abort | Shutdown
+FromCore = Ready | Fatal | Outputs
+
+encoder = msgspec.msgpack.Encoder()
+to_core_decoder = msgspec.msgpack.Decoder(ToCore)
+from_core_decoder = msgspec.msgpack.Decoder(FromCore)
