@@ -51,7 +51,20 @@ bench)
   for m in $SYNTH $SMOL; do
     echo "== serve_compare $(basename $m)"
     bash /tmp/serve_compare.sh $m "1 8 32 64" "$secs" 2>&1 | tee -a "$OUT/serve.log"
+    tail -c 200000 /tmp/serve-engine.log > "$OUT/serve-engine-$(basename $m .gguf).log"
   done ;;
+serve-engine)   # MODEL CLIENTS SECS [extra engine serve flags]: the load test against engine serve alone
+  m=$2; clients=$3; secs=$4; shift 4
+  python3 -m engine.cli serve "$m" --port 8090 --device cuda --parallel 64 --ctx 512 "$@" > /tmp/serve-engine.log 2>&1 &
+  ep=$!
+  for i in $(seq 1 240); do curl -sf http://127.0.0.1:8090/health > /dev/null && break; sleep 1; done
+  python3 scripts/load_test.py --url http://127.0.0.1:8090 --clients 1 --seconds 3 --max-tokens 64 > /dev/null 2>&1
+  for c in $clients; do
+    echo "engine    $(basename $m) c=$c $(python3 scripts/load_test.py --url http://127.0.0.1:8090 --clients $c \
+      --seconds $secs --max-tokens 64 2>&1 | tail -1)"
+  done
+  kill $ep; wait $ep 2>/dev/null
+  grep -v " 200 prompt=" /tmp/serve-engine.log | tail -5 ;;
 *)
   echo "usage: $0 setup | stage CHUNK... | gpu-tests | bench [SECS]"; exit 2 ;;
 esac

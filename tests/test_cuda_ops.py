@@ -109,8 +109,8 @@ def test_attention(backends, window, kind, d):
     ref = cpu.attention(q, k, v, ccache, 0, batch, 0.125, window)
     for gpu, bound in [(gpu32, 1e-10), (gpu16, 1e-5)]:
         gcache = gpu.kv_cache(1, 2, n_ctx, n_kv, d)
-        gcache.k[0][:] = cp.asarray(history[0]).astype(gcache.k[0].dtype)
-        gcache.v[0][:] = cp.asarray(history[1]).astype(gcache.v[0].dtype)
+        gcache.k[0][:2] = cp.asarray(history[0]).astype(gcache.k[0].dtype)     # [:2]: past the spare pad slot
+        gcache.v[0][:2] = cp.asarray(history[1]).astype(gcache.v[0].dtype)
         res = gpu.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), gcache, 0, batch, 0.125, window)
         out = res.get()
         assert nmse(out, ref) < bound, (gpu.kv_dtype, nmse(out, ref))
