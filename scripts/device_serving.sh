@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# On the GPU machine, from the project root. Steps, each its own call (the machine keeps /tmp between calls):
+# Here, once: `bash scripts/device_serving.sh wheels` downloads what the GPU machine's python3 lacks into .whl/
+# (carry .whl in every call that installs or serves: carried paths exist only during their call).
+# On the GPU machine, from the project root. Steps, each its own call (the machine keeps /tmp between calls while it
+# stays warm: make dependent calls back to back, it is given back after 30 s idle):
 #   bash scripts/device_serving.sh setup          install the carried wheels (.whl/) into /tmp/site; start building
 #                                                 llama.cpp in the background when .dev/ carries its sources
 #   bash scripts/device_serving.sh stage CHUNK... copy model chunks (../shared/tools/device_stage.sh) to /tmp/stage;
@@ -21,6 +24,14 @@ join_if_complete() {   # name, expected chunk count, sha256, target
 }
 
 case "${1:-}" in
+wheels)
+  mkdir -p .whl
+  for p in gguf pyzmq msgspec fastapi starlette pydantic pydantic-core uvicorn h11 annotated-types annotated-doc \
+           typing-inspection typing-extensions opentelemetry-api importlib-metadata zipp; do
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "$p"
+  done
+  ls .whl ;;
 setup)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
@@ -57,7 +68,10 @@ serve-engine)   # MODEL CLIENTS SECS [extra engine serve flags]: the load test a
   m=$2; clients=$3; secs=$4; shift 4
   python3 -m engine.cli serve "$m" --port 8090 --device cuda --parallel 64 --ctx 512 "$@" > /tmp/serve-engine.log 2>&1 &
   ep=$!
-  for i in $(seq 1 240); do curl -sf http://127.0.0.1:8090/health > /dev/null && break; sleep 1; done
+  for i in $(seq 1 240); do
+    kill -0 $ep 2>/dev/null || { tail -5 /tmp/serve-engine.log; exit 1; }
+    curl -sf http://127.0.0.1:8090/health > /dev/null && break; sleep 1
+  done
   python3 scripts/load_test.py --url http://127.0.0.1:8090 --clients 1 --seconds 3 --max-tokens 64 > /dev/null 2>&1
   for c in $clients; do
     echo "engine    $(basename $m) c=$c $(python3 scripts/load_test.py --url http://127.0.0.1:8090 --clients $c \

@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -304,8 +305,8 @@ def create_app(cfg: ServerConfig) -> FastAPI:
             raise as_api_error(e) from None
         return texts, toks, reasons
 
-    def sse(obj) -> str:
-        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    def sse(obj) -> bytes:
+        return b"data: " + msgspec.json.encode(obj) + b"\n\n"
 
     def stream(mc: MultiChoice, body, cid: str, created: int, object_type: str, head: list[dict], choice_of,
                request: Request, t0: float):
@@ -323,7 +324,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
                     yield frame([choice_of(d)])
                 if (body.stream_options or {}).get("include_usage"):
                     yield frame([], usage=usage(mc))
-                yield "data: [DONE]\n\n"
+                yield b"data: [DONE]\n\n"
             except (GenerationError, EngineUnavailable) as e:
                 err = as_api_error(e)
                 status = err.status
