@@ -8,13 +8,17 @@ import os
 import sys
 
 from . import hub
-from .gguf import GGUFError, GGUFFile
+from .gguf import GGUFError, GGUFFile, quoted
 
 KNOWN_ERRORS: tuple[type[BaseException], ...] = (GGUFError, ValueError, RuntimeError, OSError, KeyError)
 
 
+MAX_ERROR_CHARS = 300
+
+
 def _fail(msg: str, code: int = 1) -> int:
-    print(f"engine: error: {msg}", file=sys.stderr)
+    """One line on stderr: control characters escaped, cut to MAX_ERROR_CHARS."""
+    print(f"engine: error: {quoted(msg, MAX_ERROR_CHARS)}", file=sys.stderr)
     return code
 
 
@@ -30,8 +34,8 @@ def cmd_info(args) -> int:
     print(f"file:            {f.path}")
     print(f"file size:       {f.file_size:,} bytes")
     print(f"GGUF version:    {f.version}")
-    print(f"name:            {md.get('general.name', '')}")
-    print(f"architecture:    {cfg.architecture}")
+    print(f"name:            {quoted(md.get('general.name', ''))}")
+    print(f"architecture:    {quoted(cfg.architecture)}")
     for key, value in [("block_count", cfg.n_layer), ("embedding_length", cfg.n_embd),
                        ("feed_forward_length", cfg.n_ff), ("head_count", cfg.n_head),
                        ("head_count_kv", cfg.n_head_kv), ("head_dim", cfg.head_dim),
@@ -42,7 +46,7 @@ def cmd_info(args) -> int:
             print(f"  {key + ':':22s} {value}")
     tok = Tokenizer(f)
     print(f"vocabulary:      {tok.model} ({'SPM' if tok.model == 'llama' else 'BPE'}), {tok.n_vocab} tokens"
-          + (f", pre-tokenizer {md.get('tokenizer.ggml.pre')}" if tok.model == "gpt2" else ""))
+          + (f", pre-tokenizer {quoted(md.get('tokenizer.ggml.pre'))}" if tok.model == "gpt2" else ""))
     print(f"special tokens:  bos={tok.bos_id} eos={tok.eos_id} unk={tok.unk_id} pad={tok.pad_id} "
           f"add_bos={tok.add_bos} end-of-generation={sorted(tok.eog_ids)} "
           f"control={sum(t == CONTROL for t in tok.types)}")

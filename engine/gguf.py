@@ -30,6 +30,15 @@ class GGUFError(ValueError):
     """A file that is not a valid GGUF model; the message names the file and the problem."""
 
 
+MAX_QUOTED = 80
+
+
+def quoted(text: str, limit: int = MAX_QUOTED) -> str:
+    """A string read from a file, safe to print: control characters escaped, at most `limit` characters."""
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text)[:limit])
+    return out + ("..." if len(str(text)) > limit else "")
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
@@ -98,6 +107,14 @@ class _Cursor:
         raise self.fail(f"{what}: unknown metadata value type {vtype}")
 
 
+def _kind(value: Any) -> str:
+    if isinstance(value, str):
+        return f"the string '{quoted(value, 40)}'"
+    if isinstance(value, (list, np.ndarray)):
+        return f"an array of {len(value)}"
+    return f"a {type(value).__name__}"
+
+
 class GGUFFile:
     """An opened, validated GGUF file: `metadata`, `tensors` (name -> TensorInfo), `tensor_data(name)`."""
 
@@ -135,28 +152,38 @@ class GGUFFile:
         self.metadata: dict[str, Any] = {}
         for i in range(n_kv):
             key = cur.string(f"metadata key #{i}")
-            vtype = cur.scalar("<I", f"type of metadata '{key}'")
-            self.metadata[key] = cur.value(vtype, f"metadata '{key}'")
+            vtype = cur.scalar("<I", f"type of metadata '{quoted(key)}'")
+            if key in self.metadata:
+                raise cur.fail(f"metadata key '{quoted(key)}' appears twice")
+            self.metadata[key] = cur.value(vtype, f"metadata '{quoted(key)}'")
         infos = []
         for i in range(n_tensors):
             name = cur.string(f"tensor name #{i}")
-            n_dims = cur.scalar("<I", f"dimension count of tensor '{name}'")
+            what = f"tensor '{quoted(name)}'"
+            n_dims = cur.scalar("<I", f"dimension count of {what}")
             if not 1 <= n_dims <= MAX_DIMS:
-                raise cur.fail(f"tensor '{name}' has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
-            shape = tuple(cur.scalar("<Q", f"shape of tensor '{name}'") for _ in range(n_dims))
-            type_id = cur.scalar("<I", f"type of tensor '{name}'")
-            offset = cur.scalar("<Q", f"offset of tensor '{name}'")
+                raise cur.fail(f"{what} has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
+            shape = tuple(cur.scalar("<Q", f"shape of {what}") for _ in range(n_dims))
+            type_id = cur.scalar("<I", f"type of {what}")
+            offset = cur.scalar("<Q", f"offset of {what}")
             infos.append((name, shape, type_id, offset))
-        alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
-        if alignment <= 0 or alignment & (alignment - 1):
-            raise cur.fail(f"general.alignment {alignment} is not a power of two")
+        alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(alignment, int) or isinstance(alignment, bool) or alignment <= 0 or \
+                alignment & (alignment - 1) or alignment > 1 << 20:
+            raise cur.fail(f"general.alignment {quoted(repr(alignment))} is not a power of two up to 2^20")
         self.data_offset = (cur.pos + alignment - 1) // alignment * alignment
         self.tensors: dict[str, TensorInfo] = {}
         for name, shape, type_id, offset in infos:
+            if name in self.tensors:
+                raise cur.fail(f"tensor '{quoted(name)}' appears twice")
             self.tensors[name] = self._check_tensor(name, shape, type_id, offset, alignment)
+        spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in self.tensors.values())
+        for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+            if start < end:
+                raise cur.fail(f"the data of tensors '{quoted(a)}' and '{quoted(b)}' overlap")
 
     def _check_tensor(self, name, shape, type_id, offset, alignment) -> TensorInfo:
-        where = f"{self.path}: tensor '{name}'"
+        where = f"{self.path}: tensor '{quoted(name)}'"
         try:
             gtype = GGMLType(type_id)
         except ValueError:
@@ -180,8 +207,8 @@ class GGUFFile:
     @property
     def architecture(self) -> str:
         arch = self.metadata.get("general.architecture")
-        if not isinstance(arch, str):
-            raise GGUFError(f"{self.path}: metadata has no general.architecture")
+        if not isinstance(arch, str) or not arch:
+            raise GGUFError(f"{self.path}: metadata has no general.architecture string")
         return arch
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -196,6 +223,24 @@ class GGUFFile:
         if value is None:
             raise GGUFError(f"{self.path}: required metadata '{key}' is missing")
         return value
+
+    def integer(self, key: str, lo: int, hi: int, default: int | None = None) -> int:
+        """An integer metadata value (required when default is None) within [lo, hi]."""
+        value = self.require(key) if default is None else self.get(key, default)
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise GGUFError(f"{self.path}: metadata '{key}' is {_kind(value)}, not an integer")
+        if not lo <= int(value) <= hi:
+            raise GGUFError(f"{self.path}: metadata '{key}' = {int(value)} is outside [{lo}, {hi}]")
+        return int(value)
+
+    def number(self, key: str, lo: float, hi: float, default: float) -> float:
+        """A finite number metadata value within [lo, hi]."""
+        value = self.get(key, default)
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise GGUFError(f"{self.path}: metadata '{key}' is {_kind(value)}, not a number")
+        if not np.isfinite(value) or not lo <= float(value) <= hi:
+            raise GGUFError(f"{self.path}: metadata '{key}' = {float(value)!r} is outside [{lo:g}, {hi:g}]")
+        return float(value)
 
     def tensor_data(self, name: str) -> np.ndarray:
         """Zero-copy uint8 view of a tensor's bytes."""

@@ -18,6 +18,10 @@ MAX_TEMPERATURE = 1e4         # above this the distribution is uniform to float 
 SEED_RANGE = 2 ** 64
 
 
+class NonFiniteLogitsError(ValueError):
+    """The logits hold NaN: the model's weights or activations are broken; nothing can be drawn from them."""
+
+
 def seed_bits(seed: int | None) -> int | None:
     """Any integer seed mapped into the generator's range (negative seeds included, as OpenAI accepts them)."""
     return None if seed is None else int(seed) % SEED_RANGE
@@ -103,6 +107,8 @@ class Sampler:
         min-p on the temperature-1 distribution, then softmax(x / temperature) over what is left."""
         p = self.p
         logits = self.apply_penalties(np.asarray(logits), history or []).astype(np.float64)
+        if np.isnan(logits).any():
+            raise NonFiniteLogitsError("the logits contain NaN (broken weights or an overflow in the model)")
         if p.greedy_temperature:
             return np.array([int(np.argmax(logits))]), np.ones(1)
         n = len(logits)

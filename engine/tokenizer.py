@@ -16,11 +16,12 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Iterable
 
+import numpy as np
 import regex
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
-from .gguf import GGUFFile
+from .gguf import GGUFFile, quoted
 
 # token types stored in tokenizer.ggml.token_type
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -92,25 +93,29 @@ class Tokenizer:
         md = gguf.metadata
         self.model = md.get("tokenizer.ggml.model")
         if self.model not in ("llama", "gpt2"):
-            raise TokenizerError(f"{gguf.path}: unsupported tokenizer model {self.model!r} (supported: llama, gpt2)")
-        self.tokens: list[str] = list(md["tokenizer.ggml.tokens"])
+            shown = quoted(self.model) if isinstance(self.model, str) else repr(type(self.model).__name__)
+            raise TokenizerError(f"{gguf.path}: unsupported tokenizer model {shown} (supported: llama, gpt2)")
+        tokens = md.get("tokenizer.ggml.tokens")
+        if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+            raise TokenizerError(f"{gguf.path}: tokenizer.ggml.tokens is not a list of strings")
+        self.tokens: list[str] = tokens
         n = len(self.tokens)
-        types = md.get("tokenizer.ggml.token_type")
-        self.types = [int(t) for t in types] if types is not None else [NORMAL] * n
-        scores = md.get("tokenizer.ggml.scores")
-        self.scores = [float(s) for s in scores] if scores is not None else [0.0] * n
+        self.types = self._int_list(gguf, "tokenizer.ggml.token_type", n, NORMAL)
+        self.scores = self._float_list(gguf, "tokenizer.ggml.scores", n)
         self.token_to_id = {}
         for i, t in enumerate(self.tokens):
             self.token_to_id.setdefault(t, i)
-        self.bos_id = md.get("tokenizer.ggml.bos_token_id")
-        self.eos_id = md.get("tokenizer.ggml.eos_token_id")
-        self.eot_id = md.get("tokenizer.ggml.eot_token_id")
-        self.unk_id = md.get("tokenizer.ggml.unknown_token_id")
-        self.pad_id = md.get("tokenizer.ggml.padding_token_id")
+        self.bos_id = self._token_id(gguf, "bos")
+        self.eos_id = self._token_id(gguf, "eos")
+        self.eot_id = self._token_id(gguf, "eot")
+        self.unk_id = self._token_id(gguf, "unknown")
+        self.pad_id = self._token_id(gguf, "padding")
         self.add_bos = bool(md.get("tokenizer.ggml.add_bos_token", self.model == "llama"))
         self.add_eos = bool(md.get("tokenizer.ggml.add_eos_token", False))
         self.add_space_prefix = bool(md.get("tokenizer.ggml.add_space_prefix", self.model == "llama"))
         self.chat_template = md.get("tokenizer.chat_template")
+        if self.chat_template is not None and not isinstance(self.chat_template, str):
+            raise TokenizerError(f"{gguf.path}: tokenizer.chat_template is not a string")
         self.architecture = md.get("general.architecture", "")
         # special tokens split out before tokenizing, longest text first (llama.cpp's order)
         self._specials = sorted((i for i in range(n) if self.types[i] in (CONTROL, USER_DEFINED, UNKNOWN)
@@ -118,14 +123,15 @@ class Tokenizer:
         self.eog_ids = self._end_of_generation_ids()
         if self.model == "gpt2":
             pre = md.get("tokenizer.ggml.pre", "default")
-            if pre not in PRE_TOKENIZERS:
-                raise TokenizerError(f"{gguf.path}: unsupported BPE pre-tokenizer {pre!r} "
+            if not isinstance(pre, str) or pre not in PRE_TOKENIZERS:
+                shown = quoted(pre) if isinstance(pre, str) else type(pre).__name__
+                raise TokenizerError(f"{gguf.path}: unsupported BPE pre-tokenizer '{shown}' "
                                      f"(supported: {', '.join(PRE_TOKENIZERS)})")
             self._patterns = [regex.compile(p) for p in PRE_TOKENIZERS[pre]]
             self._ignore_merges = pre in ("llama3", "llama-bpe")
             merges = md.get("tokenizer.ggml.merges")
-            if merges is None:
-                raise TokenizerError(f"{gguf.path}: BPE vocabulary without tokenizer.ggml.merges")
+            if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
+                raise TokenizerError(f"{gguf.path}: BPE vocabulary without a tokenizer.ggml.merges list of strings")
             self._ranks = {}
             for rank, m in enumerate(merges):
                 a, _, b = m.partition(" ")
@@ -135,6 +141,35 @@ class Tokenizer:
             self._word_cache: dict[str, list[int]] = {}
         else:
             self._byte_ids = [self.token_to_id.get(f"<0x{b:02X}>") for b in range(256)]
+
+    @staticmethod
+    def _int_list(gguf: GGUFFile, key: str, n: int, default: int) -> list[int]:
+        value = gguf.metadata.get(key)
+        if value is None:
+            return [default] * n
+        if not isinstance(value, np.ndarray) or value.dtype.kind not in "iu" or len(value) != n:
+            raise TokenizerError(f"{gguf.path}: {key} is not an integer array of {n} (one per token)")
+        return [int(t) for t in value]
+
+    @staticmethod
+    def _float_list(gguf: GGUFFile, key: str, n: int) -> list[float]:
+        value = gguf.metadata.get(key)
+        if value is None:
+            return [0.0] * n
+        if not isinstance(value, np.ndarray) or value.dtype.kind not in "iuf" or len(value) != n:
+            raise TokenizerError(f"{gguf.path}: {key} is not a number array of {n} (one per token)")
+        return [float(t) for t in value]
+
+    def _token_id(self, gguf: GGUFFile, which: str) -> int | None:
+        key = f"tokenizer.ggml.{which}_token_id"
+        value = gguf.metadata.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
+                not 0 <= int(value) < len(self.tokens):
+            shown = int(value) if isinstance(value, (int, np.integer)) else type(value).__name__
+            raise TokenizerError(f"{gguf.path}: {key} {shown} is outside the vocabulary (0..{len(self.tokens) - 1})")
+        return int(value)
 
     @property
     def n_vocab(self) -> int:

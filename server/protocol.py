@@ -6,6 +6,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
+MAX_INT = 2 ** 31 - 1          # integer fields above this are refused (they also cross the IPC as 64-bit ints)
+
+
 def check_utf8(text: str) -> str:
     """Text that can be encoded as UTF-8 (JSON lets a lone surrogate such as \\ud800 through)."""
     try:
@@ -19,17 +22,17 @@ class _Sampling(BaseModel):
     model_config = ConfigDict(extra="allow")   # unknown OpenAI fields (user, logit_bias...) are accepted and ignored
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=0)
+    max_tokens: int | None = Field(default=None, ge=0, le=MAX_INT)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, ge=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
+    top_k: int = Field(default=0, ge=0, le=MAX_INT)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     seed: int | None = None
     stop: str | list[str] | None = None
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repeat_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
-    repeat_last_n: int = Field(default=64, ge=-1)
+    repeat_last_n: int = Field(default=64, ge=-1, le=MAX_INT)
     n: int = Field(default=1, ge=1, le=16)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
@@ -100,7 +103,7 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=0)
+    max_completion_tokens: int | None = Field(default=None, ge=0, le=MAX_INT)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
 

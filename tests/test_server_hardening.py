@@ -185,3 +185,21 @@ def test_request_log_line(model_path):
     err = Path(proc.log_path).read_text()
     assert "POST /v1/completions 200 prompt=5 completion=3 ttft=" in err and "duration=" in err, err[-2000:]
     assert "GET /v1/models 200" in err
+
+
+def test_fuzzed_requests(server):
+    """300 malformed requests: never a 5xx or a dropped connection, every 4xx an OpenAI body, and a greedy request
+    answers the same before and after (scripts/fuzz.py requests runs 10,000)."""
+    import random
+    from fuzz_requests import bad_answer, mutated_request
+    base, _ = server
+    seed = random.randrange(2 ** 31)
+    rng = random.Random(seed)
+    greedy = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0}
+    with httpx.Client(base_url=base, timeout=60) as http:
+        before = http.post("/v1/completions", json=greedy).json()["choices"][0]["text"]
+        for i in range(300):
+            method, path, raw = mutated_request(rng)
+            r = http.request(method, path, content=raw, headers={"content-type": "application/json"})
+            assert not bad_answer(r), (seed, i, method, path, raw[:200], r.status_code, r.text[:300])
+        assert http.post("/v1/completions", json=greedy).json()["choices"][0]["text"] == before

@@ -6,6 +6,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from conftest import GOLDEN, read_golden, read_prompts
+from engine import hub
 from engine.gguf import GGUFFile
 from engine.tokenizer import Tokenizer, TokenizerError
 
@@ -126,3 +127,75 @@ def test_broken_template_is_a_clear_error(model_path):
             tok.apply_chat_template([{"role": "user", "content": "x"}])
     finally:
         tok.chat_template = saved
+
+
+@pytest.mark.parametrize("template,words", [
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "budget"),
+    ("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}", "stopped"),
+    ("{{ 'x' * 10**8 }}", "repetition"),
+    ("{% set e = 10**9 %}{{ 7 ** e }}", "exponent"),
+])
+def test_hostile_chat_templates_stop_with_an_error(template, words):
+    """A GGUF's chat template runs in a sandbox with a time budget and an output cap: a clear error in seconds."""
+    import threading
+    from engine.tokenizer import TemplateLimits
+    tok = Tokenizer(GGUFFile(hub.fetch("smollm2-135m")))
+    tok.chat_template = template
+    outcome = []
+
+    def render():
+        try:
+            tok.apply_chat_template([{"role": "user", "content": "hi"}], limits=TemplateLimits(seconds=1.0))
+            outcome.append("rendered")
+        except TokenizerError as e:
+            outcome.append(str(e))
+    th = threading.Thread(target=render, daemon=True)
+    th.start()
+    th.join(timeout=10)
+    assert outcome and words in outcome[0], outcome
+
+
+def _bpe_word_reference(tok, word: str) -> list[int]:
+    """The textbook loop (merge every occurrence of the best-ranked pair, left to right, until none is ranked):
+    quadratic in the word's length, the reference for the heap-based _bpe_word."""
+    parts = list(word)
+    while len(parts) > 1:
+        ranked = [(tok._ranks[(a, b)], i) for i, (a, b) in enumerate(zip(parts, parts[1:])) if (a, b) in tok._ranks]
+        if not ranked:
+            break
+        a, b = parts[min(ranked)[1]], parts[min(ranked)[1] + 1]
+        merged, i = [], 0
+        while i < len(parts):
+            if i < len(parts) - 1 and parts[i] == a and parts[i + 1] == b:
+                merged.append(a + b)
+                i += 2
+            else:
+                merged.append(parts[i])
+                i += 1
+        parts = merged
+    return [tok.token_to_id[p] if p in tok.token_to_id else -1 for p in parts]
+
+
+def test_bpe_heap_merge_equals_the_reference_loop():
+    import random
+    tok = Tokenizer(GGUFFile(hub.fetch("smollm2-135m")))
+    rng = random.Random()
+    alphabets = ["ab", "abc ", "thequickbrownfox", "aeiou", "0123456789"]
+    for _ in range(300):
+        letters = rng.choice(alphabets)
+        word = "".join(rng.choice(letters) for _ in range(rng.randint(1, 60)))
+        word = "".join(tok._b2u[b] for b in word.encode())
+        ref = _bpe_word_reference(tok, word)
+        if -1 not in ref:
+            assert tok._bpe_word(word) == ref, word
+
+
+def test_long_unbroken_word_tokenizes_in_linear_time():
+    """64 KB of random letters is one pre-tokenizer word: 21.5 s with the quadratic loop, well under a second now."""
+    import random
+    import string
+    tok = Tokenizer(GGUFFile(hub.fetch("smollm2-135m")))
+    text = "".join(random.choice(string.ascii_letters) for _ in range(64 * 1024))
+    t0 = time.perf_counter()
+    ids = tok.encode(text)
+    assert time.perf_counter() - t0 < 3.0 and len(ids) > 10_000

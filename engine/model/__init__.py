@@ -1,7 +1,7 @@
 """Model registry: general.architecture -> the class that implements it."""
 from __future__ import annotations
 
-from ..gguf import GGUFFile
+from ..gguf import GGUFFile, quoted
 from .base import ModelLoadError, Transformer
 from .config import ModelConfig
 from .gemma3 import Gemma3
@@ -14,7 +14,7 @@ def load_model(gguf: GGUFFile, backend) -> Transformer:
     arch = gguf.architecture
     cls = ARCHITECTURES.get(arch)
     if cls is None:
-        raise ModelLoadError(f"{gguf.path}: unsupported architecture '{arch}' "
+        raise ModelLoadError(f"{gguf.path}: unsupported architecture '{quoted(arch)}' "
                              f"(supported: {', '.join(sorted(ARCHITECTURES))})")
     return cls(gguf, backend, ModelConfig.from_gguf(gguf))
 

@@ -5,6 +5,14 @@ from dataclasses import dataclass
 
 from ..gguf import GGUFError, GGUFFile
 
+# Bounds on hyperparameters (far beyond any released model; they keep a corrupt file from sizing huge buffers)
+MAX_DIM = 1 << 17
+MAX_HEADS = 1 << 10
+MAX_HEAD_DIM = 1 << 12
+MAX_LAYERS = 1 << 10
+MAX_VOCAB = 1 << 22
+MAX_CTX = 1 << 24
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -24,28 +32,34 @@ class ModelConfig:
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
-        n_embd = int(f.require("embedding_length"))
-        n_head = int(f.require("attention.head_count"))
-        n_head_kv = f.get("attention.head_count_kv", n_head)
-        if not isinstance(n_head_kv, int):  # per-layer arrays are not supported
-            raise GGUFError(f"{f.path}: per-layer attention.head_count_kv is not supported")
-        head_dim = int(f.get("attention.key_length", n_embd // n_head))
-        if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
+        """Every value checked for its type and range; the model then checks the tensors' shapes against them."""
+        n_embd = f.integer("embedding_length", 1, MAX_DIM)
+        n_head = f.integer("attention.head_count", 1, MAX_HEADS)
+        n_head_kv = f.integer("attention.head_count_kv", 1, MAX_HEADS, default=n_head)
+        if n_head % n_head_kv:
             raise GGUFError(f"{f.path}: head counts {n_head}/{n_head_kv} are not a valid GQA layout")
+        head_dim = f.integer("attention.key_length", 1, MAX_HEAD_DIM, default=max(1, n_embd // n_head))
+        n_rot = f.integer("rope.dimension_count", 0, head_dim, default=head_dim)
+        if n_rot % 2:
+            raise GGUFError(f"{f.path}: rope.dimension_count {n_rot} is odd")
         tokens = f.get("tokenizer.ggml.tokens")
-        window = f.get("attention.sliding_window")
+        n_tokens = len(tokens) if isinstance(tokens, list) else 0
+        n_vocab = f.integer("vocab_size", 1, MAX_VOCAB, default=n_tokens or 1)
+        if n_tokens and n_tokens != n_vocab:
+            raise GGUFError(f"{f.path}: vocab_size {n_vocab} but the tokenizer lists {n_tokens} tokens")
+        window = f.integer("attention.sliding_window", 0, MAX_CTX, default=0)
         return cls(
             architecture=f.architecture,
-            n_layer=int(f.require("block_count")),
+            n_layer=f.integer("block_count", 1, MAX_LAYERS),
             n_embd=n_embd,
-            n_ff=int(f.require("feed_forward_length")),
+            n_ff=f.integer("feed_forward_length", 1, MAX_DIM),
             n_head=n_head,
-            n_head_kv=int(n_head_kv),
+            n_head_kv=n_head_kv,
             head_dim=head_dim,
-            n_rot=int(f.get("rope.dimension_count", head_dim)),
-            rope_base=float(f.get("rope.freq_base", 10000.0)),
-            rms_eps=float(f.get("attention.layer_norm_rms_epsilon", 1e-5)),
-            n_ctx_train=int(f.get("context_length", 2048)),
-            n_vocab=int(f.get("vocab_size", len(tokens) if tokens is not None else 0)),
-            sliding_window=int(window) if window else None,
+            n_rot=n_rot,
+            rope_base=f.number("rope.freq_base", 1e-3, 1e12, 10000.0),
+            rms_eps=f.number("attention.layer_norm_rms_epsilon", 1e-12, 1.0, 1e-5),
+            n_ctx_train=f.integer("context_length", 1, MAX_CTX, default=2048),
+            n_vocab=n_vocab,
+            sliding_window=window or None,
         )
