@@ -6,8 +6,8 @@ steps of all B at once (greedy, the argmax taken on the device); generated token
     python scripts/bench_batched_decode.py MODEL --scheduler [--temp 0.8]
 
 --scheduler measures the engine core as `engine serve` runs it, without HTTP: B requests submitted to the Scheduler
-at once (prefilled together, then decoded with sampling on the device), generated tokens/s from the first token to
-the last.
+at once (prefilled together), then decoded with sampling on the device; tokens/s from the step where all B are
+decoding to the last.
 
 ANCHORS.md's llama.cpp figures: `llama-batched-bench -npp 128 -ntg 128 -npl B -fa on`.
 """
@@ -39,22 +39,29 @@ def decode_speed(rt: Runtime, b: int, npp: int, ntg: int, rng) -> float:
 
 
 def scheduler_speed(rt: Runtime, b: int, npp: int, ntg: int, rng, temperature: float) -> float:
+    """Tokens/s of the Scheduler's steps once all b requests are decoding (their prompts are prefilled together
+    first, in chunks of the step budget, as a server admits them)."""
     from engine.sampling import SamplingParams
-    from engine.scheduler import Request, Scheduler
+    from engine.scheduler import Request, Scheduler, TokenEvent
     sched = Scheduler(rt)
-    first = []
-    for _ in range(b):
+    counts = [0] * b
+
+    def on_event(i):
+        def count(ev):
+            counts[i] += isinstance(ev, TokenEvent)
+        return count
+    for i in range(b):
         prompt = rng.integers(100, rt.config.n_vocab - 100, npp).tolist()
         params = SamplingParams(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0)
-        sched.submit(Request(prompt, params, ntg, ignore_eos=True),
-                     lambda ev: first.append(time.perf_counter()) if not first else None)
-    while not first:
+        sched.submit(Request(prompt, params, ntg, ignore_eos=True), on_event(i))
+    while min(counts) == 0:
         sched.step()
-    t0 = time.perf_counter()
+    _sync(rt)
+    t0, before = time.perf_counter(), sum(counts)
     while sched.step():
         pass
     _sync(rt)
-    return (sched.stats.generated_tokens_total - 1) / (time.perf_counter() - t0)
+    return (sum(counts) - before) / (time.perf_counter() - t0)
 
 
 def main():

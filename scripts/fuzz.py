@@ -3,6 +3,7 @@
 
     python scripts/fuzz.py gguf --cases 10000 [--workers 2]      mutations of both real models' headers
     python scripts/fuzz.py requests --url http://127.0.0.1:8080 --cases 10000
+    python scripts/fuzz.py soak --url http://127.0.0.1:8080 --pid SERVER_PID --clients 64 --minutes 10
 
 gguf: each case is written under /dev/shm and checked in a worker process with a 10 s limit and an address-space cap
 (tests/fuzz_gguf.py check_file: open, configure, tokenize, load with shape checks); prints the failures, hangs and
@@ -124,6 +125,7 @@ def fuzz_requests(args) -> int:
                 r = http.request(method, path, content=raw, headers={"content-type": "application/json"})
             except httpx.TimeoutException:
                 hangs += 1
+                bad.append((i, "no answer in 30 s", f"{method} {path} {raw[:150]!r}"))
                 continue
             except httpx.TransportError as e:              # the server dropped the connection: a failure too
                 bad.append((i, type(e).__name__, f"{method} {path} {raw[:150]!r}"))
@@ -136,18 +138,100 @@ def fuzz_requests(args) -> int:
         print("case", *b)
     print(f"request fuzz: {args.cases} requests (seed {args.seed}), statuses {dict(sorted(statuses.items()))}, "
           f"{len(bad)} bad answers, {hangs} hangs, greedy text {'unchanged' if before == after else 'CHANGED'}")
-    return 1 if bad or hangs or before != after else 0
+    return 1 if bad or before != after else 0
+
+
+# -- soak ----------------------------------------------------------------------------------------------------------
+def _rss_of_tree(pid: int) -> int:
+    """Resident bytes of a process and its children (the server and its engine core)."""
+    total, pids = 0, [pid]
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    pids.append(int(d.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    for p in pids:
+        try:
+            total += int((Path(f"/proc/{p}/statm").read_text().split()[1])) * os.sysconf("SC_PAGE_SIZE")
+        except OSError:
+            pass
+    return total
+
+
+async def _soak_client(url, deadline, rng, stats):
+    import httpx
+    async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+        while time.time() < deadline:
+            body = {"prompt": f"Story {rng.randrange(10 ** 6)}:", "max_tokens": rng.randint(1, 48), "stream": True,
+                    "temperature": rng.choice([0, 0.7, 1.0]), "ignore_eos": rng.random() < 0.5}
+            stop_after = rng.choice([None, None, 1, 3, 10])                   # None: read to the end
+            try:
+                async with http.stream("POST", "/v1/completions", json=body) as r:
+                    if r.status_code == 429:
+                        stats["429"] += 1
+                        await r.aread()
+                        continue
+                    if r.status_code != 200:
+                        stats["errors"].append(f"status {r.status_code}")
+                        continue
+                    n, done = 0, False
+                    async for line in r.aiter_lines():
+                        if line == "data: [DONE]":
+                            done = True
+                        elif line.startswith("data: ") and '"error"' in line:
+                            stats["errors"].append(line[:200])
+                        n += line.startswith("data: ")
+                        if stop_after is not None and n >= stop_after:
+                            stats["disconnects"] += 1
+                            break                                          # the client goes away mid-stream
+                    stats["completed"] += done
+            except Exception as e:   # noqa: BLE001
+                stats["errors"].append(f"{type(e).__name__}: {e}")
+
+
+def soak(args) -> int:
+    """args.clients streaming clients for args.minutes against a server (pid args.pid for its memory): random
+    lengths, temperatures and disconnects; then every slot must be free and memory within 5 % of its warm level."""
+    import asyncio
+
+    import httpx
+    stats = {"completed": 0, "disconnects": 0, "429": 0, "errors": []}
+    rng = random.Random(args.seed)
+
+    async def run(seconds):
+        deadline = time.time() + seconds
+        await asyncio.gather(*(_soak_client(args.url, deadline, random.Random(rng.random()), stats)
+                               for _ in range(args.clients)))
+    asyncio.run(run(30))                                                    # warm: every graph and buffer made
+    warm = _rss_of_tree(args.pid)
+    asyncio.run(run(args.minutes * 60))
+    time.sleep(2)
+    metrics = dict(line.split() for line in httpx.get(args.url + "/metrics").text.splitlines()
+                   if line and not line.startswith("#"))
+    end = _rss_of_tree(args.pid)
+    growth = end / warm - 1
+    print(f"soak: {args.clients} clients, {args.minutes} min: {stats['completed']} completed, {stats['disconnects']} "
+          f"disconnects, {stats['429']} refused with 429, {len(stats['errors'])} errors {stats['errors'][:3]}; "
+          f"running {metrics['engine_requests_running']}, waiting {metrics['engine_requests_waiting']}, "
+          f"free slots {metrics['engine_kv_slots_free']}; memory {warm / 2**20:.0f} -> {end / 2**20:.0f} MB "
+          f"({growth:+.1%})")
+    return 1 if stats["errors"] or metrics["engine_requests_running"] != "0" or growth > 0.05 else 0
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=["gguf", "requests"])
+    ap.add_argument("what", choices=["gguf", "requests", "soak"])
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--minutes", type=float, default=10)
+    ap.add_argument("--pid", type=int, default=0, help="soak: the server's pid, for its memory")
     ap.add_argument("--cases", type=int, default=1000)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--url", default="http://127.0.0.1:8080")
     args = ap.parse_args()
-    sys.exit(fuzz_gguf(args) if args.what == "gguf" else fuzz_requests(args))
+    sys.exit({"gguf": fuzz_gguf, "requests": fuzz_requests, "soak": soak}[args.what](args))
 
 
 if __name__ == "__main__":
