@@ -137,11 +137,11 @@ class Runtime:
         t_first = None
         while len(state.tokens) < max_tokens:
             tid = int(self.backend.sample(logits, [sampler], [history])[0])
-            if t_first is None:
-                state.timings.prompt_tokens, state.timings.prompt_seconds = len(prompt), time.perf_counter() - t0
             now = time.perf_counter()
-            if t_first is None:
-                t_first, state.timings.time_to_first_token = now, now - t0
+            if t_first is None:                       # the prompt's time runs to its first token's draw
+                t_first = now
+                state.timings.prompt_tokens, state.timings.prompt_seconds = len(prompt), now - t0
+                state.timings.time_to_first_token = now - t0
             if not ignore_eos and self.is_end_of_generation(tid):
                 state.finish_reason = "stop"
                 return

@@ -12,6 +12,7 @@ the workers' peak memory. requests: malformed and hostile requests against a run
 request gives the same text before and after.
 """
 import argparse
+import json
 import multiprocessing as mp
 import os
 import random
@@ -180,7 +181,7 @@ async def _soak_client(url, deadline, rng, stats):
                     async for line in r.aiter_lines():
                         if line == "data: [DONE]":
                             done = True
-                        elif line.startswith("data: ") and '"error"' in line:
+                        elif line.startswith("data: ") and "error" in json.loads(line[6:]):
                             stats["errors"].append(line[:200])
                         n += line.startswith("data: ")
                         if stop_after is not None and n >= stop_after:

@@ -1,6 +1,6 @@
 """The front end's side of the engine core: start the process, send requests, route its step outputs, watch it.
 
-    engine = EngineClient(CoreConfig(...)); await engine.start()      # Ready, or EngineUnavailable
+    engine = EngineClient(CoreConfig(...)); await engine.start()      # engine.ready is set once the core loaded
     mc = MultiChoice(engine, tokenizer, [AddRequest(...), ...], stops)
     async for delta in mc.deltas(): ...
 
@@ -72,15 +72,6 @@ class EngineClient:
         self.proc.start()
         self._last_heard = time.monotonic()
         self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._watch())]
-
-    async def wait_ready(self, timeout: float | None = None) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.ready is None and self.error is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError("the engine core did not become ready")
-            await asyncio.sleep(0.05)
-        if self.error:
-            raise EngineUnavailable(self.error)
 
     async def close(self) -> None:
         for t in self._tasks:

@@ -2,11 +2,12 @@
 
 Decode steps (1..MAX_DECODE_BATCH sequences, one token each, every row's logits) get one graph per batch-size bucket
 (DECODE_BUCKETS), captured at its first step; a step of fewer sequences than its bucket is padded with rows that
-write the KV cache's spare slot (cache.pad_slot) and whose logits are dropped. Prefill ubatches of one sequence (at least MIN_PREFILL tokens at consecutive positions,
-the last token's logits or none) get one graph per length, captured the second time that length comes (the ubatch
-size of a long prompt, a benchmark's prompt; the MAX_PREFILL_GRAPHS most recent kept). CuPy refuses its own cuBLAS
-wrappers during a capture: launch.gemm_xwt then calls cublasGemmEx through ctypes (cuda/cublas_capture.py). Should a
-capture fail anyway, steps of that kind run eagerly from then on (a model's prefill, after one failure).
+write the KV cache's spare slot (cache.pad_slot) and whose logits are dropped. Prefill ubatches of one sequence (at
+least MIN_PREFILL tokens at consecutive positions, the last token's logits or none) get one graph per length,
+captured the second time that length comes (the ubatch size of a long prompt, a benchmark's prompt; the
+MAX_PREFILL_GRAPHS most recent kept). CuPy refuses its own cuBLAS wrappers during a capture: launch.gemm_xwt then
+calls cublasGemmEx through ctypes (cuda/cublas_capture.py). Should a capture fail anyway, steps of that kind run
+eagerly from then on (a model's prefill, after one failure).
 
 A capture first runs the step eagerly (compiling and loading kernels; its result is returned), then captures the same
 step; later steps copy their tokens, positions and sequence slots into the graph's input buffer and replay it. Every

@@ -70,6 +70,21 @@ __device__ void block_sum_trials(float v[SAMPLE_TRIALS], float (*red)[SAMPLE_TRI
     __syncthreads();
 }
 
+// the block's largest key; every thread gets it
+__device__ unsigned long long block_max_key(unsigned long long key, unsigned long long* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const unsigned long long other = __shfl_xor_sync(0xffffffffu, key, o);
+        key = other > key ? other : key;
+    }
+    if (lane == 0) scratch[warp] = key;
+    __syncthreads();
+    for (int w = 0; w < SAMPLE_THREADS / 32; ++w) key = scratch[w] > key ? scratch[w] : key;
+    __syncthreads();
+    return key;
+}
+
 // the largest key t >= floor such that the candidates (key >= floor) at or above t number at least `target`
 // (mass = false) or hold at least `target` of exp(x - best) (mass = true)
 __device__ u32 search_key(const float* __restrict__ x, int m, u32 floor, float best, bool mass, float target,
@@ -103,7 +118,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_rows(const float* __restrict__ logits, int m, const u32* __restrict__ params, int* __restrict__ out) {
     __shared__ float red[SAMPLE_THREADS / 32][SAMPLE_TRIALS + 1];
     __shared__ unsigned long long best_key[SAMPLE_THREADS / 32];
-    const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = blockIdx.x;
     const float* x = logits + (long long)row * m;
     const u32* p = params + row * SAMPLE_PARAM_WORDS;
     const float temperature = __uint_as_float(p[0]), top_p = __uint_as_float(p[2]), min_p = __uint_as_float(p[3]);
@@ -117,15 +132,7 @@ sample_rows(const float* __restrict__ logits, int m, const u32* __restrict__ par
         const unsigned long long k = ((unsigned long long)order_key(x[i]) << 32) | (0xffffffffu - (u32)i);
         key = k > key ? k : key;
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const unsigned long long other = __shfl_xor_sync(0xffffffffu, key, o);
-        key = other > key ? other : key;
-    }
-    if (lane == 0) best_key[warp] = key;
-    __syncthreads();
-    for (int w = 0; w < SAMPLE_THREADS / 32; ++w) key = best_key[w] > key ? best_key[w] : key;
-    __syncthreads();
+    key = block_max_key(key, best_key);
     const int first_max = (int)(0xffffffffu - (u32)(key & 0xffffffffu));
     if (!(temperature >= SAMPLE_GREEDY_BELOW)) {
         if (threadIdx.x == 0) out[row] = first_max;
@@ -163,15 +170,6 @@ sample_rows(const float* __restrict__ logits, int m, const u32* __restrict__ par
         const unsigned long long k = ((unsigned long long)order_key(score) << 32) | (0xffffffffu - (u32)i);
         key = k > key ? k : key;
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const unsigned long long other = __shfl_xor_sync(0xffffffffu, key, o);
-        key = other > key ? other : key;
-    }
-    if (lane == 0) best_key[warp] = key;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 0; w < SAMPLE_THREADS / 32; ++w) key = best_key[w] > key ? best_key[w] : key;
-        out[row] = (int)(0xffffffffu - (u32)(key & 0xffffffffu));
-    }
+    key = block_max_key(key, best_key);
+    if (threadIdx.x == 0) out[row] = (int)(0xffffffffu - (u32)(key & 0xffffffffu));
 }
