@@ -92,7 +92,7 @@ class Tokenizer:
     def __init__(self, gguf: GGUFFile):
         md = gguf.metadata
         self.model = md.get("tokenizer.ggml.model")
-        if self.model not in ("llama", "gpt2"):
+        if not isinstance(self.model, str) or self.model not in ("llama", "gpt2"):
             shown = quoted(self.model) if isinstance(self.model, str) else repr(type(self.model).__name__)
             raise TokenizerError(f"{gguf.path}: unsupported tokenizer model {shown} (supported: llama, gpt2)")
         tokens = md.get("tokenizer.ggml.tokens")
@@ -110,13 +110,14 @@ class Tokenizer:
         self.eot_id = self._token_id(gguf, "eot")
         self.unk_id = self._token_id(gguf, "unknown")
         self.pad_id = self._token_id(gguf, "padding")
-        self.add_bos = bool(md.get("tokenizer.ggml.add_bos_token", self.model == "llama"))
-        self.add_eos = bool(md.get("tokenizer.ggml.add_eos_token", False))
-        self.add_space_prefix = bool(md.get("tokenizer.ggml.add_space_prefix", self.model == "llama"))
+        self.add_bos = self._flag(gguf, "tokenizer.ggml.add_bos_token", self.model == "llama")
+        self.add_eos = self._flag(gguf, "tokenizer.ggml.add_eos_token", False)
+        self.add_space_prefix = self._flag(gguf, "tokenizer.ggml.add_space_prefix", self.model == "llama")
         self.chat_template = md.get("tokenizer.chat_template")
         if self.chat_template is not None and not isinstance(self.chat_template, str):
             raise TokenizerError(f"{gguf.path}: tokenizer.chat_template is not a string")
-        self.architecture = md.get("general.architecture", "")
+        arch = md.get("general.architecture", "")
+        self.architecture = arch if isinstance(arch, str) else ""
         # special tokens split out before tokenizing, longest text first (llama.cpp's order)
         self._specials = sorted((i for i in range(n) if self.types[i] in (CONTROL, USER_DEFINED, UNKNOWN)
                                  and self.tokens[i]), key=lambda i: -len(self.tokens[i]))
@@ -141,6 +142,13 @@ class Tokenizer:
             self._word_cache: dict[str, list[int]] = {}
         else:
             self._byte_ids = [self.token_to_id.get(f"<0x{b:02X}>") for b in range(256)]
+
+    @staticmethod
+    def _flag(gguf: GGUFFile, key: str, default: bool) -> bool:
+        value = gguf.metadata.get(key, default)
+        if not isinstance(value, (bool, int, np.bool_, np.integer)):
+            raise TokenizerError(f"{gguf.path}: {key} is not a boolean")
+        return bool(value)
 
     @staticmethod
     def _int_list(gguf: GGUFFile, key: str, n: int, default: int) -> list[int]:
