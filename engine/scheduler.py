@@ -130,8 +130,8 @@ class Scheduler:
         self._admit()
         decode = list(self.running)
         chunks = self._prefill_chunks(self.max_batch_tokens - len(decode))
-        if not decode and not chunks:
-            return bool(self.waiting and self.free_slots)
+        if not decode and not chunks:      # _admit took every request a free slot could: nothing is waiting on us
+            return False
         self._run(decode, chunks)
         return True
 

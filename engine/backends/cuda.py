@@ -210,9 +210,11 @@ class CUDABackend(Backend):
             ((n * row + 255) // 256,), (256,), (k, v, cache.k[layer], cache.v[layer], seq_ids, positions,
                                                 np.int32(n), np.int32(cache.n_ctx), np.int32(row)))
 
-    def _tail(self, q, n_kv, seq_ids, positions, ctx) -> tuple:
-        cache, _, scale, window = ctx
-        return (seq_ids, positions, np.int32(q.shape[1]), np.int32(n_kv), np.int32(q.shape[2]),
+    @staticmethod
+    def _tail(q, seq_ids, positions, ctx) -> tuple:
+        """The arguments attention and attention_split take after their arrays."""
+        cache, layer, scale, window = ctx
+        return (seq_ids, positions, np.int32(q.shape[1]), np.int32(cache.k[layer].shape[2]), np.int32(q.shape[2]),
                 np.int32(cache.n_ctx), np.float32(scale), np.int32(window or 0))
 
     def _attention_split(self, q, k, v, seq_ids, positions, n_split, ctx):
@@ -220,13 +222,12 @@ class CUDABackend(Backend):
         with its q8_1 blocks registered for the next mul_mat."""
         cache, layer, _, _ = ctx
         n, n_head, d = q.shape
-        n_kv = cache.k[layer].shape[2]
         out = cp.empty((n, n_head, d), cp.float32)
         part = cp.empty((n, n_head, n_split, d + 2), cp.float32)     # per chunk: max, sum, output[head_dim]
         q8 = (cp.empty((n, n_head * d), cp.int8), cp.empty((n, n_head * d // 8), cp.float32))  # out as q8_1
         kernel("attention", f"attention_split<{self._kv_type(cache, layer)}>")(
             (n, n_head, n_split), (32, 4),
-            (q, cache.k[layer], cache.v[layer], out, *self._tail(q, n_kv, seq_ids, positions, ctx), part,
+            (q, cache.k[layer], cache.v[layer], out, *self._tail(q, seq_ids, positions, ctx), part,
              self._tickets, *q8, *((k, v) if k is not None else (np.uint64(0),) * 2)))
         out = out.reshape(n, n_head * d)
         self.acts.put_q8_1(out, q8)
@@ -236,8 +237,7 @@ class CUDABackend(Backend):
         cache, layer, _, _ = ctx
         n, n_head, _ = q.shape
         kernel("attention", f"attention<{self._kv_type(cache, layer)}>")(
-            (n, n_head), (32,), (q, cache.k[layer], cache.v[layer], out,
-                                 *self._tail(q, cache.k[layer].shape[2], seq_ids, positions, ctx)))
+            (n, n_head), (32,), (q, cache.k[layer], cache.v[layer], out, *self._tail(q, seq_ids, positions, ctx)))
 
     def _attention_run(self, q, seq_ids, positions, ctx):
         """Query tokens of one sequence at consecutive positions (a prefill chunk) -> [n, n_head, head_dim]."""

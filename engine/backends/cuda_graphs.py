@@ -88,7 +88,7 @@ class StepGraphs:
         n = len(batch.tokens)
         host = np.stack([batch.tokens, batch.positions, batch.seq_ids]).astype(np.int32)   # [3, n]
         logit_rows = batch.logit_rows
-        if kind == "decode" and getattr(cache, "pad_slot", None) is not None and decode_bucket(n) > n:
+        if kind == "decode" and cache.pad_slot is not None and decode_bucket(n) > n:
             pad = decode_bucket(n) - n                                   # rows writing the spare slot at position 0
             host = np.concatenate([host, np.array([[0] * pad, [0] * pad, [cache.pad_slot] * pad], np.int32)], 1)
             logit_rows = np.arange(n + pad, dtype=np.int32)
