@@ -77,7 +77,10 @@ class Stats:
     prompt_tokens_shared: int = 0      # prompt tokens copied from a running sequence's cache instead of prefilled
     generated_tokens_total: int = 0
     steps: int = 0
-    decode_steps: int = 0
+    decode_steps: int = 0              # steps with decode rows only
+    prefill_steps: int = 0             # steps with prefill chunks (and any decode rows)
+    decode_step_seconds: float = 0.0   # wall time of those steps (forward, sampling, events)
+    prefill_step_seconds: float = 0.0
     tokens_per_second: float = 0.0     # generated tokens per second over the last steps
 
 
@@ -225,13 +228,18 @@ class Scheduler:
         for i in keep:                  # a follower with the same prompt waits: keep this prompt's logits
             completing[i].prompt_logits = self.rt.backend.rows(logits, np.array([len(decode) + i], np.int32))
         self._sample_and_emit(decode + completing, logits)
-        self.stats.steps += 1
+        dt = time.perf_counter() - t0
+        st = self.stats
+        st.steps += 1
+        if chunks:
+            st.prefill_steps += 1
+            st.prefill_step_seconds += dt
+        else:
+            st.decode_steps += 1
+            st.decode_step_seconds += dt
         if decode:
-            self.stats.decode_steps += 1
-            dt = time.perf_counter() - t0
             rate = len(decode) / dt if dt > 0 else 0.0
-            self.stats.tokens_per_second = rate if self.stats.decode_steps == 1 else \
-                0.9 * self.stats.tokens_per_second + 0.1 * rate
+            st.tokens_per_second = rate if st.steps == 1 else 0.9 * st.tokens_per_second + 0.1 * rate
 
     def _sample_and_emit(self, seqs: list[_Seq], logits) -> None:
         """Sample one token for each sequence from its row of logits [len(seqs), n_vocab], report them."""

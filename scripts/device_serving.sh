@@ -9,6 +9,9 @@
 #                                                 a complete set is joined into /tmp/models under the hub's file name
 #   bash scripts/device_serving.sh gpu-tests      pytest -m gpu tests/ with both real models, then greedy-32 recorded
 #                                                 into $OUT and diffed against tests/data/greedy32.cuda.json
+#   bash scripts/device_serving.sh churn [B,..]  synthetic 8B: the engine core under a server's load, no HTTP
+#                                                 (bench_batched_decode.py --churn), graphs on, then off
+#   bash scripts/device_serving.sh http           the HTTP front end before a stand-in core (scripts/bench_http.py)
 #   bash scripts/device_serving.sh bench [SECS]   synthetic 8B: engine core batched decode (raw and --scheduler) beside
 #                                                 llama-batched-bench; then serve_compare.sh on the 8B and SmolLM2
 set -uo pipefail
@@ -27,7 +30,7 @@ case "${1:-}" in
 wheels)
   mkdir -p .whl
   for p in gguf pyzmq msgspec fastapi starlette pydantic pydantic-core uvicorn h11 annotated-types annotated-doc \
-           typing-inspection typing-extensions opentelemetry-api importlib-metadata zipp; do
+           typing-inspection typing-extensions opentelemetry-api importlib-metadata zipp uvloop httptools; do
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "$p"
   done
@@ -64,6 +67,16 @@ bench)
     bash /tmp/serve_compare.sh $m "1 8 32 64" "$secs" 2>&1 | tee -a "$OUT/serve.log"
     tail -c 200000 /tmp/serve-engine.log > "$OUT/serve-engine-$(basename $m .gguf).log"
   done ;;
+churn)
+  npl=${2:-1,8,32,64}
+  [ -f $SYNTH ] || python3 /tmp/make_synth_gguf.py $SMOL $SYNTH --preset 8b > /tmp/synth.log 2>&1
+  python3 scripts/bench_batched_decode.py $SYNTH --churn --npl $npl --npp 12 --ntg 64 --seconds 6 2>&1 \
+    | tee "$OUT/churn.log"
+  echo "graphs off:" | tee -a "$OUT/churn.log"
+  ENGINE_CUDA_GRAPHS=0 python3 scripts/bench_batched_decode.py $SYNTH --churn --npl $npl --npp 12 --ntg 64 \
+    --seconds 6 2>&1 | tee -a "$OUT/churn.log" ;;
+http)
+  python3 scripts/bench_http.py $SMOL --clients 1,8,32,64 --step-ms 15 --seconds 8 2>&1 | tee "$OUT/http.log" ;;
 serve-engine)   # MODEL CLIENTS SECS [extra engine serve flags]: the load test against engine serve alone
   m=$2; clients=$3; secs=$4; shift 4
   python3 -m engine.cli serve "$m" --port 8090 --device cuda --parallel 64 --ctx 512 "$@" > /tmp/serve-engine.log 2>&1 &
@@ -80,5 +93,6 @@ serve-engine)   # MODEL CLIENTS SECS [extra engine serve flags]: the load test a
   kill $ep; wait $ep 2>/dev/null
   grep -v " 200 prompt=" /tmp/serve-engine.log | tail -5 ;;
 *)
-  echo "usage: $0 setup | stage CHUNK... | gpu-tests | bench [SECS]"; exit 2 ;;
+  echo "usage: $0 wheels | setup | stage CHUNK... | gpu-tests | churn [B,..] | http | bench [SECS] | serve-engine"
+  exit 2 ;;
 esac

@@ -102,7 +102,7 @@ def profile_decode(rt, steps):
     for pos in range(steps):
         rt.decode([0], [toks[pos]], [pos])
     step = (time.perf_counter() - t0) / steps
-    graph = next(iter(B.graphs.decode.values())) if B.graphs and B.graphs.decode else None
+    graph = next(iter(B.graphs.steps.values())) if B.graphs and B.graphs.steps else None
     line = f"decode: whole step {step * 1e6:.0f} us ({1 / step:.0f} t/s)"
     if graph is not None:
         B.synchronize()

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import msgspec
 from fastapi import FastAPI, Request
@@ -29,6 +30,7 @@ from engine.sampling import seed_bits
 from engine.tokenizer import TemplateLimits, Tokenizer, TokenizerError
 
 from .client import CoreConfig, EngineClient, EngineUnavailable, GenerationError, MultiChoice
+from .core import run_core
 from .messages import AddRequest
 from .protocol import APIError, ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
@@ -46,6 +48,7 @@ class ServerConfig:
     template: TemplateLimits = field(default_factory=TemplateLimits)
     stall_s: float = 300.0                    # an engine core silent this long with requests waiting is stuck
     tokenizer_threads: int = 4
+    core_main: Callable = run_core            # the engine-core process's main (scripts/bench_http.py: a stand-in)
 
 
 class BodyLimit:
@@ -91,7 +94,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app):
-        engine = EngineClient(cfg.core, stall_s=cfg.stall_s)
+        engine = EngineClient(cfg.core, stall_s=cfg.stall_s, core_main=cfg.core_main)
         state["engine"] = engine
         state["tokenizer"] = await asyncio.get_running_loop().run_in_executor(
             pool, lambda: Tokenizer(GGUFFile(cfg.core.model)))
@@ -198,6 +201,9 @@ def create_app(cfg: ServerConfig) -> FastAPI:
             ("engine_generated_tokens_total", "counter", st.generated_tokens_total),
             ("engine_generated_tokens_per_second", "gauge", st.tokens_per_second),
             ("engine_steps_total", "counter", st.steps),
+            ("engine_prefill_steps_total", "counter", st.prefill_steps),
+            ("engine_decode_step_seconds_total", "counter", round(st.decode_step_seconds, 6)),
+            ("engine_prefill_step_seconds_total", "counter", round(st.prefill_step_seconds, 6)),
             ("engine_kv_slots_free", "gauge", st.kv_slots_free),
             ("engine_core_up", "gauge", int(e.ready is not None and e.error is None)),
         ]:

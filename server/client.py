@@ -44,7 +44,9 @@ class GenerationError(RuntimeError):
 
 
 class EngineClient:
-    def __init__(self, cfg: CoreConfig, stall_s: float = 300.0):
+    def __init__(self, cfg: CoreConfig, stall_s: float = 300.0, core_main=run_core):
+        """core_main(cfg, in_addr, out_addr) is the engine-core process's main (a stand-in for benchmarks of the
+        HTTP layer: scripts/bench_http.py)."""
         self.cfg, self.stall_s = cfg, stall_s
         self.ready: Ready | None = None
         self.error: str | None = None            # why the core is unavailable (None: loading or ready)
@@ -63,7 +65,7 @@ class EngineClient:
         self._push.bind(in_addr)
         self._pull.bind(out_addr)
         self.proc = multiprocessing.get_context("spawn").Process(
-            target=run_core, args=(cfg, in_addr, out_addr), name="engine-core", daemon=True)
+            target=core_main, args=(cfg, in_addr, out_addr), name="engine-core", daemon=True)
         self._tasks: list[asyncio.Task] = []
 
     # -- life ----------------------------------------------------------------------------------------------------

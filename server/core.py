@@ -183,4 +183,5 @@ class EngineCore:
         s, st = self.sched, self.sched.stats
         return CoreStats(st.requests_total, st.requests_finished, st.requests_failed, len(s.running) +
                          len(s.prefilling), s.queue_length, st.prompt_tokens_total, st.prompt_tokens_shared,
-                         st.generated_tokens_total, st.steps, round(st.tokens_per_second, 3), len(s.free_slots))
+                         st.generated_tokens_total, st.steps, round(st.tokens_per_second, 3), len(s.free_slots),
+                         st.prefill_steps, st.decode_step_seconds, st.prefill_step_seconds)

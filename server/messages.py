@@ -70,6 +70,9 @@ class CoreStats(msgspec.Struct, array_like=True):
     steps: int = 0
     tokens_per_second: float = 0.0
     kv_slots_free: int = 0
+    prefill_steps: int = 0
+    decode_step_seconds: float = 0.0
+    prefill_step_seconds: float = 0.0
 
 
 class Outputs(msgspec.Struct, tag=True):

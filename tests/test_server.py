@@ -148,8 +148,12 @@ def test_models_metrics_health(server):
     assert httpx.get(server + "/v1/models").json()["data"][0]["id"] == "smollm2-135m"
     metrics = httpx.get(server + "/metrics").text
     for name in ("engine_requests_total", "engine_requests_waiting", "engine_generated_tokens_total",
-                 "engine_generated_tokens_per_second"):
+                 "engine_generated_tokens_per_second", "engine_prefill_steps_total",
+                 "engine_prefill_step_seconds_total", "engine_decode_step_seconds_total"):
         assert f"\n{name} " in "\n" + metrics
+    values = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines() if line[:1] != "#"}
+    if values["engine_steps_total"]:     # the module's earlier requests ran steps: each counted with its time
+        assert values["engine_prefill_steps_total"] >= 1 and values["engine_prefill_step_seconds_total"] > 0
     assert httpx.get(server + "/health").json() == {"status": "ok"}
 
 

@@ -127,7 +127,7 @@ def test_cuda_graph_decode_equals_eager(tiny, arch, monkeypatch):
         rt = Runtime.load(tiny[arch], device="cuda", n_ctx=64, n_seq=12)
         results[graphs] = batched_decode(rt, prompts, steps, BATCHES)
         if graphs == "1":
-            assert rt.backend.graphs.replays == len(steps) - len(BATCHES) and not rt.backend.graphs.failures
+            assert rt.backend.graphs.replays["decode"] == len(steps) - len(BATCHES) and not rt.backend.graphs.failures
     np.testing.assert_array_equal(results["1"], results["0"])
 
 
@@ -167,7 +167,7 @@ def test_cuda_graph_prefill_equals_eager(tiny, arch, path, monkeypatch):
     if path:
         monkeypatch.setenv("ENGINE_MUL_MAT_PATH", path)
     rng = np.random.default_rng()
-    n = MIN_PREFILL
+    n = max(MIN_PREFILL, 64)
     prompts = [rng.integers(0, N_VOCAB, 2 * n).tolist() for _ in range(4)]
     results = {}
     for graphs in ("1", "0"):
@@ -176,7 +176,8 @@ def test_cuda_graph_prefill_equals_eager(tiny, arch, path, monkeypatch):
         out = [rt.prefill(p, start=i * 3) for i, p in enumerate(prompts)]   # two ubatches each: fill, then last
         results[graphs] = np.concatenate(out)
         if graphs == "1":
-            assert rt.backend.graphs.replays == 4 and not rt.backend.graphs.failures
+            replays = rt.backend.graphs.replays
+            assert replays["fill"] == replays["last"] == 2 and not rt.backend.graphs.failures
     np.testing.assert_array_equal(results["1"], results["0"])
 
 
@@ -201,9 +202,12 @@ def mixed_forward(rt: Runtime, prompts, chunk_prompts):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ARCHS)
-def test_cuda_mixed_batch_matches_cpu(tiny, arch, monkeypatch):
-    """One forward of 3 decode rows and 2 prefill chunks (the scheduler's step: the decode rows' split attention,
-    each chunk's tiled attention) against the CPU rounding alike."""
+@pytest.mark.parametrize("graphs", ["1", "0"])
+def test_cuda_mixed_batch_matches_cpu(tiny, arch, graphs, monkeypatch):
+    """One forward of 3 decode rows and 2 prefill chunks (the scheduler's step) against the CPU rounding alike:
+    captured as a mixed graph (every row its own query), and eager (the decode rows' split attention, each chunk's
+    tiled attention)."""
+    monkeypatch.setenv("ENGINE_CUDA_GRAPHS", graphs)
     rng = np.random.default_rng()
     prompts = [rng.integers(0, N_VOCAB, n).tolist() for n in (5, 11, 8)]
     chunks = [rng.integers(0, N_VOCAB, n).tolist() for n in (20, 7)]
@@ -211,6 +215,55 @@ def test_cuda_mixed_batch_matches_cpu(tiny, arch, monkeypatch):
     round_like_gpu(monkeypatch, dispatch_rounding(None), kv_f16=True)
     cpu = mixed_forward(Runtime.load(tiny[arch], device="cpu", n_ctx=64, n_seq=5), prompts, chunks)
     assert gpu.shape == (5, N_VOCAB)
+    assert nmse(gpu, cpu) < Q8_1_BOUND
+    assert_argmax_near_ties(gpu, cpu)
+
+
+def two_mixed_steps(rt: Runtime, prompts, chunks, tokens):
+    """Prompts into slots 0..2, then two mixed steps: decode rows of slots (0, 1, 2) with chunks[0] into slots 3, 4;
+    decode rows of (3, 4, 0) with chunks[1] into slots 5, 6 -> the logits of both steps."""
+    pos = {}
+    for slot, p in enumerate(prompts):
+        rt.prefill(p, seq=slot)
+        pos[slot] = len(p)
+    out = []
+    for dec_slots, step_chunks in (((0, 1, 2), {3: chunks[0][0], 4: chunks[0][1]}),
+                                   ((3, 4, 0), {5: chunks[1][0], 6: chunks[1][1]})):
+        toks, positions, slots, rows = [], [], [], []
+        for s in dec_slots:
+            toks.append(tokens[s])
+            positions.append(pos[s])
+            slots.append(s)
+            rows.append(len(toks) - 1)
+            pos[s] += 1
+        for s, p in step_chunks.items():
+            toks += p
+            positions += range(len(p))
+            slots += [s] * len(p)
+            rows.append(len(toks) - 1)
+            pos[s] = len(p)
+        out.append(rt.backend.to_numpy(rt.forward(toks, positions, slots, rows)))
+    return np.concatenate(out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cuda_mixed_graph_replay_matches_cpu(tiny, arch, monkeypatch):
+    """Two mixed steps of 30 rows (3 decode rows, chunks of 20 + 7 and 16 + 11 tokens): the first captures the graph
+    of 32 rows and 5 logit rows (2 padding rows into the spare slot), the second replays it with other slots,
+    positions and chunk boundaries. Both against the CPU rounding alike."""
+    from engine.backends.cuda_graphs import ROW_BUCKETS, bucket
+    assert bucket(30, ROW_BUCKETS) == 32 and bucket(5, ROW_BUCKETS) == 5
+    rng = np.random.default_rng()
+    prompts = [rng.integers(0, N_VOCAB, n).tolist() for n in (5, 11, 8)]
+    chunks = [[rng.integers(0, N_VOCAB, n).tolist() for n in pair] for pair in ((20, 7), (16, 11))]
+    tokens = rng.integers(0, N_VOCAB, 7).tolist()
+    rt = Runtime.load(tiny[arch], device="cuda", n_ctx=64, n_seq=7)
+    gpu = two_mixed_steps(rt, prompts, chunks, tokens)
+    assert rt.backend.graphs.replays["mixed"] == 1 and not rt.backend.graphs.failures
+    round_like_gpu(monkeypatch, dispatch_rounding(None), kv_f16=True)
+    cpu = two_mixed_steps(Runtime.load(tiny[arch], device="cpu", n_ctx=64, n_seq=7), prompts, chunks, tokens)
+    assert gpu.shape == cpu.shape == (10, N_VOCAB)
     assert nmse(gpu, cpu) < Q8_1_BOUND
     assert_argmax_near_ties(gpu, cpu)
 
@@ -228,7 +281,7 @@ def test_cuda_padded_graph_decode_matches_cpu(tiny, arch, monkeypatch):
     batches = [list(range(9)), list(range(13))]
     rt = Runtime.load(tiny[arch], device="cuda", n_ctx=64, n_seq=13)
     gpu = batched_decode(rt, prompts, steps, batches)
-    assert rt.backend.graphs.replays == 4 and not rt.backend.graphs.failures
+    assert rt.backend.graphs.replays["decode"] == 4 and not rt.backend.graphs.failures
     round_like_gpu(monkeypatch, dispatch_rounding(None), kv_f16=True)
     cpu = batched_decode(Runtime.load(tiny[arch], device="cpu", n_ctx=64, n_seq=13), prompts, steps, batches)
     assert gpu.shape == cpu.shape == (3 * 9 + 3 * 13, N_VOCAB)

@@ -19,6 +19,8 @@ class Batch:
     seq_ids: np.ndarray       # [n] int32, KV-cache slot of each token's sequence
     logit_rows: np.ndarray    # [n_out] int32, rows whose logits are wanted
     seq_ranges: list[tuple[int, int, int]] = field(default_factory=list)  # (seq_id, start, end) per sequence
+    per_row: bool = False     # attention takes each row as its own query over the cache (a replayed mixed step's
+                              # layout: its launches depend on the row count alone)
 
     @classmethod
     def make(cls, tokens, positions, seq_ids, logit_rows) -> "Batch":
@@ -36,6 +38,10 @@ class Batch:
         """One sequence at consecutive positions."""
         p = self.positions
         return len(self.seq_ranges) == 1 and int(p[-1]) - int(p[0]) == len(p) - 1 and bool(np.all(np.diff(p) == 1))
+
+    def prefill_rows(self) -> int:
+        """Rows of sequences with more than one token in the batch (prefill chunks)."""
+        return sum(b - a for _, a, b in self.seq_ranges if b - a > 1)
 
     def n_single_prefix(self) -> int:
         """How many leading rows are sequences of one token each (a decode step's rows, placed first)."""

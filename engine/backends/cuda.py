@@ -165,6 +165,14 @@ class CUDABackend(Backend):
         v = cp.ascontiguousarray(v, dtype=cp.float32)
         q = cp.ascontiguousarray(q, dtype=cp.float32)
         ctx = (cache, layer, scale, window)
+        if batch.per_row:                                            # every row its own query: store all k, v first
+            self._kv_store(k, v, seq_ids, positions, ctx)
+            n_split = self._n_split(n, n_head)
+            if n_split >= 2:
+                return self._attention_split(q, None, None, seq_ids, positions, n_split, ctx)
+            out = cp.empty((n, n_head, d), cp.float32)
+            self._attention_plain(q, seq_ids, positions, out, ctx)
+            return out.reshape(n, n_head * d)
         n_decode = batch.n_single_prefix()                          # leading one-token sequences: decode rows
         if len(batch.seq_ranges) == 1 or n_decode == n:              # one prefill ubatch, or a decode step
             n_split = self._n_split(n, n_head)
