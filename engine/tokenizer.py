@@ -121,6 +121,16 @@ class Tokenizer:
         # special tokens split out before tokenizing, longest text first (llama.cpp's order)
         self._specials = sorted((i for i in range(n) if self.types[i] in (CONTROL, USER_DEFINED, UNKNOWN)
                                  and self.tokens[i]), key=lambda i: -len(self.tokens[i]))
+        # where to look for them: special texts by first character, their lengths longest first (a vocabulary may
+        # hold tens of thousands; _partition tries only those the text holds)
+        self._special_rank = {tid: r for r, tid in enumerate(self._specials)}
+        self._special_ids: dict[str, list[int]] = {}
+        lengths: dict[str, set[int]] = {}
+        for tid in self._specials:
+            text = self.tokens[tid]
+            self._special_ids.setdefault(text, []).append(tid)
+            lengths.setdefault(text[0], set()).add(len(text))
+        self._special_lengths = {c: sorted(ls, reverse=True) for c, ls in lengths.items()}
         self.eog_ids = self._end_of_generation_ids()
         if self.model == "gpt2":
             pre = md.get("tokenizer.ggml.pre", "default")
@@ -217,7 +227,7 @@ class Tokenizer:
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         """Split text into raw-text fragments and special token ids, longest special token first."""
         frags: list[str | int] = [text]
-        for tid in self._specials:
+        for tid in self._specials_in(text):
             tok = self.tokens[tid]
             if not parse_special and self.types[tid] != USER_DEFINED:
                 continue
@@ -236,6 +246,17 @@ class Tokenizer:
                         new.append(part)
             frags = new
         return frags
+
+    def _specials_in(self, text: str) -> list[int]:
+        """The special tokens whose text occurs in text, in _specials' order (longest first)."""
+        found: set[int] = set()
+        index, ids = self._special_lengths, self._special_ids
+        for i, c in enumerate(text):
+            for n in index.get(c, ()):
+                hit = ids.get(text[i:i + n])
+                if hit is not None:
+                    found.update(hit)
+        return sorted(found, key=self._special_rank.__getitem__)
 
     def _spm(self, text: str) -> list[int]:
         """llama.cpp's SPM: merge the best-scoring adjacent pair that is a token, until none is left."""

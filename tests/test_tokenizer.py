@@ -199,3 +199,71 @@ def test_long_unbroken_word_tokenizes_in_linear_time():
     t0 = time.perf_counter()
     ids = tok.encode(text)
     assert time.perf_counter() - t0 < 3.0 and len(ids) > 10_000
+
+
+def _partition_reference(tok, text: str, parse_special: bool) -> list:
+    """Every special token in turn, longest first, split out of the text's raw fragments (the definition)."""
+    frags = [text]
+    for tid in tok._specials:
+        t = tok.tokens[tid]
+        if not parse_special and tok.types[tid] != 4:        # USER_DEFINED only
+            continue
+        new = []
+        for f in frags:
+            if isinstance(f, int) or t not in f:
+                new.append(f)
+                continue
+            for k, part in enumerate(f.split(t)):
+                if k:
+                    new.append(tid)
+                if part:
+                    new.append(part)
+        frags = new
+    return frags
+
+
+def test_special_tokens_split_as_the_definition_does():
+    """Gemma 3 has 6,414 special tokens, overlapping whitespace runs among them: texts built of their pieces split
+    exactly as the longest-first loop over all of them splits them."""
+    import random
+    tok = Tokenizer(GGUFFile(hub.fetch("gemma3-270m")))
+    rng = random.Random()
+    pieces = [tok.tokens[t] for t in rng.sample(tok._specials, 40)] + \
+        ["\n", "\n\n", "\t", "  ", " ", "<", "start", "_of", "x", "é", "<start_of_turn>"]
+    for _ in range(200):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 30)))
+        for parse_special in (True, False):
+            assert tok._partition(text, parse_special) == _partition_reference(tok, text, parse_special), text
+
+
+def test_many_user_defined_tokens_do_not_slow_encoding(tmp_path):
+    """A vocabulary padded with 79k user-defined tokens (the synthetic 8B's): 14 ms per short prompt when every
+    special token was searched for, under 1 ms now; the tokens still split out."""
+    import gguf
+    src = gguf.GGUFReader(hub.fetch("smollm2-135m"))
+    field = lambda k: src.fields[k].contents()  # noqa: E731
+    toks, types = list(field("tokenizer.ggml.tokens")), list(field("tokenizer.ggml.token_type"))
+    n0 = len(toks)
+    toks += [f"<|pad_{i}|>" for i in range(128_256 - n0)]
+    types += [4] * (128_256 - n0)
+    w = gguf.GGUFWriter(str(tmp_path / "padded.gguf"), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(toks)
+    w.add_token_types(types)
+    w.add_token_merges(field("tokenizer.ggml.merges"))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file(progress=False)
+    w.close()
+    tok = Tokenizer(GGUFFile(str(tmp_path / "padded.gguf")))
+    plain = Tokenizer(GGUFFile(hub.fetch("smollm2-135m")))
+    prompts = [f"Client {i} request {i * 7}: write a story about" for i in range(100)]
+    t0 = time.perf_counter()
+    ids = [tok.encode(p, add_special=False) for p in prompts]
+    assert (time.perf_counter() - t0) / len(prompts) < 1e-3
+    assert ids == [plain.encode(p, add_special=False) for p in prompts]
+    assert tok.encode("a<|pad_77|>b", add_special=False) == \
+        plain.encode("a", add_special=False) + [n0 + 77] + plain.encode("b", add_special=False)
