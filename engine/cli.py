@@ -83,14 +83,41 @@ def cmd_tokenize(args) -> int:
 
 
 # -- generate --------------------------------------------------------------------------------------------------
+def _is_model(arg: str) -> bool:
+    return arg in hub.MODELS or (arg.endswith(".gguf") and os.path.exists(arg))
+
+
+def _one_line_end_off(text: str) -> str:
+    """A prompt read from a file or stdin, less the newline that ends its last line (as llama.cpp's -f)."""
+    return text[:-1] if text.endswith("\n") else text
+
+
+def _model_and_prompt(args) -> tuple[str | None, str]:
+    """`generate PROMPT` (default model), `generate MODEL PROMPT`, `generate [MODEL] -` or piped stdin with only a
+    model (the prompt read from stdin), `generate [MODEL] -f FILE`."""
+    pos = list(args.args)
+    if args.file is not None:
+        if len(pos) > 1:
+            raise ValueError("give the prompt as -f FILE or as an argument, not both")
+        with open(args.file, encoding="utf-8") as fh:
+            return (pos[0] if pos else None), _one_line_end_off(fh.read())
+    if not pos:
+        raise ValueError("give a prompt: generate [MODEL] PROMPT, '-' for stdin, or -f FILE")
+    if pos[-1] == "-" or (len(pos) == 1 and _is_model(pos[0]) and not sys.stdin.isatty()):
+        model = pos[0] if pos[-1] != "-" or len(pos) == 2 else None
+        return model, _one_line_end_off(sys.stdin.read())
+    return (pos[0], pos[1]) if len(pos) == 2 else (None, pos[0])
+
+
 def cmd_generate(args) -> int:
     import time
 
     from .runtime import Generation, Runtime
     from .sampling import SamplingParams
 
-    # `engine generate "prompt"` (default model) or `engine generate MODEL "prompt"`
-    model, prompt = (args.args[0], args.args[1]) if len(args.args) == 2 else (None, args.args[0])
+    model, prompt = _model_and_prompt(args)
+    if args.n < -1:
+        return _fail("-n must be >= 0, or -1 (until the end of generation or the context)")
     t0 = time.perf_counter()
     rt = Runtime.load(model, device=args.device, n_ctx=args.ctx, n_ubatch=args.ubatch, kv_f32=args.kv_f32)
     load_s = time.perf_counter() - t0
@@ -104,7 +131,8 @@ def cmd_generate(args) -> int:
     state = Generation(ids)
     dec = tok.stream_decoder()
     text = []
-    for tid in rt.generate(ids, params, max_tokens=args.n, ignore_eos=args.ignore_eos, state=state):
+    max_tokens = args.n if args.n >= 0 else rt.n_ctx
+    for tid in rt.generate(ids, params, max_tokens=max_tokens, ignore_eos=args.ignore_eos, state=state):
         piece = dec.add(tid)
         text.append(piece)
         if not args.json:
@@ -192,9 +220,19 @@ def cmd_bench(args) -> int:
     return 0
 
 
+class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
+    """Help that shows each option's default, unless it has none."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default in (None, False) else super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
     p = argparse.ArgumentParser(prog="engine", description="GGUF inference engine")
+    p.add_argument("--version", action="version", version=f"engine {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
+    defaults = _DefaultsShown
 
     s = sub.add_parser("info", help="describe a GGUF model")
     s.add_argument("model", help=f"path or short name ({', '.join(hub.MODELS)})")
@@ -209,25 +247,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-bos", action="store_true", help="do not add BOS/EOS")
     s.set_defaults(func=cmd_tokenize)
 
-    s = sub.add_parser("generate", help="generate text from a prompt")
-    s.add_argument("args", nargs="+", metavar="[MODEL] PROMPT")
-    s.add_argument("-n", type=int, default=128, help="tokens to generate")
-    s.add_argument("--temp", type=float, default=0.8)
-    s.add_argument("--top-k", type=int, default=40)
-    s.add_argument("--top-p", type=float, default=0.95)
-    s.add_argument("--min-p", type=float, default=0.05)
-    s.add_argument("--repeat-penalty", type=float, default=1.0)
-    s.add_argument("--seed", type=int, default=None)
-    s.add_argument("--ignore-eos", action="store_true")
-    s.add_argument("--ubatch", type=int, default=512)
-    s.add_argument("--ctx", type=int, default=None)
+    s = sub.add_parser("generate", help="generate text from a prompt", formatter_class=defaults)
+    s.add_argument("args", nargs="*", metavar="[MODEL] PROMPT",
+                   help="PROMPT '-' (or only MODEL with a piped stdin) reads the prompt from stdin")
+    s.add_argument("-f", "--file", default=None, help="read the prompt from this file")
+    s.add_argument("-n", type=int, default=128, help="tokens to generate; -1: until end of generation or the context")
+    s.add_argument("--temp", type=float, default=0.8, help="sampling temperature (0: greedy)")
+    s.add_argument("--top-k", type=int, default=40, help="keep the k most likely tokens (0: all)")
+    s.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling")
+    s.add_argument("--min-p", type=float, default=0.05, help="drop tokens below min_p times the best one's p")
+    s.add_argument("--repeat-penalty", type=float, default=1.0, help="llama.cpp's repeat penalty")
+    s.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    s.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens")
+    s.add_argument("--ubatch", type=int, default=512, help="tokens of one prefill ubatch")
+    s.add_argument("--ctx", type=int, default=None, help="context length (default: the model's, at most 4096)")
     s.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
     s.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
     s.add_argument("--json", action="store_true", help="print one JSON object at the end")
     s.set_defaults(func=cmd_generate)
 
-    s = sub.add_parser("bench", help="prompt-processing and generation speed")
+    s = sub.add_parser("bench", help="prompt-processing and generation speed", formatter_class=defaults)
     s.add_argument("model")
     s.add_argument("-p", type=int, default=512, help="prompt tokens")
     s.add_argument("-n", type=int, default=128, help="generated tokens")
@@ -237,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
     s.set_defaults(func=cmd_bench)
 
-    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server", formatter_class=defaults)
     s.add_argument("model", nargs="?", default=hub.DEFAULT_MODEL)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8080)

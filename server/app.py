@@ -167,6 +167,11 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         if name and name != model_id:
             raise APIError(404, f"model '{name}' not found (this server serves '{model_id}')", "model")
 
+    def check_fields(body) -> None:
+        refused = body.refused_field()
+        if refused:
+            raise APIError(400, f"'{refused[0]}': {refused[1]}", refused[0])
+
     # -- plain endpoints ---------------------------------------------------------------------------------------
     @app.get("/health")
     async def health(request: Request):
@@ -185,29 +190,39 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         return {"object": "list", "data": [{"id": model_id, "object": "model", "created": state["created"],
                                             "owned_by": "engine"}]}
 
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str):
+        check_model(name)
+        return {"id": model_id, "object": "model", "created": state["created"], "owned_by": "engine"}
+
     @app.get("/metrics")
     async def metrics():
         e = state["engine"]
         st = e.stats
         lines = []
-        for name, kind, value in [
-            ("engine_requests_total", "counter", st.requests_total),
-            ("engine_requests_finished_total", "counter", st.requests_finished),
-            ("engine_requests_failed_total", "counter", st.requests_failed),
-            ("engine_requests_running", "gauge", st.running),
-            ("engine_requests_waiting", "gauge", st.waiting),
-            ("engine_prompt_tokens_total", "counter", st.prompt_tokens_total),
-            ("engine_prompt_tokens_shared_total", "counter", st.prompt_tokens_shared),
-            ("engine_generated_tokens_total", "counter", st.generated_tokens_total),
-            ("engine_generated_tokens_per_second", "gauge", st.tokens_per_second),
-            ("engine_steps_total", "counter", st.steps),
-            ("engine_prefill_steps_total", "counter", st.prefill_steps),
-            ("engine_decode_step_seconds_total", "counter", round(st.decode_step_seconds, 6)),
-            ("engine_prefill_step_seconds_total", "counter", round(st.prefill_step_seconds, 6)),
-            ("engine_kv_slots_free", "gauge", st.kv_slots_free),
-            ("engine_core_up", "gauge", int(e.ready is not None and e.error is None)),
+        for name, kind, value, text in [
+            ("engine_requests_total", "counter", st.requests_total, "requests the engine core accepted"),
+            ("engine_requests_finished_total", "counter", st.requests_finished, "requests finished, any reason"),
+            ("engine_requests_failed_total", "counter", st.requests_failed, "requests finished with an error"),
+            ("engine_requests_running", "gauge", st.running, "sequences prefilling or decoding"),
+            ("engine_requests_waiting", "gauge", st.waiting, "sequences waiting for a KV slot"),
+            ("engine_prompt_tokens_total", "counter", st.prompt_tokens_total, "prompt tokens in the KV cache"),
+            ("engine_prompt_tokens_shared_total", "counter", st.prompt_tokens_shared,
+             "prompt tokens copied from a running sequence with the same prompt"),
+            ("engine_generated_tokens_total", "counter", st.generated_tokens_total, "tokens generated"),
+            ("engine_generated_tokens_per_second", "gauge", st.tokens_per_second,
+             "decode rows per second of the recent steps"),
+            ("engine_steps_total", "counter", st.steps, "scheduler steps (forward passes)"),
+            ("engine_prefill_steps_total", "counter", st.prefill_steps, "steps that carried prompt chunks"),
+            ("engine_decode_step_seconds_total", "counter", round(st.decode_step_seconds, 6),
+             "wall time of the steps with decode rows only"),
+            ("engine_prefill_step_seconds_total", "counter", round(st.prefill_step_seconds, 6),
+             "wall time of the steps with prompt chunks"),
+            ("engine_kv_slots_free", "gauge", st.kv_slots_free, "KV-cache slots free"),
+            ("engine_core_up", "gauge", int(e.ready is not None and e.error is None),
+             "1 while the engine core is loaded and answering"),
         ]:
-            lines += [f"# TYPE {name} {kind}", f"{name} {value}"]
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {value}"]
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     @app.post("/tokenize")
@@ -344,6 +359,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         t0 = time.monotonic()
         e = engine()
         check_model(body.model)
+        check_fields(body)
         tok = state["tokenizer"]
         if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str):
             if len(body.prompt) != 1:
@@ -393,6 +409,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         t0 = time.monotonic()
         e = engine()
         check_model(body.model)
+        check_fields(body)
         tok = state["tokenizer"]
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         limit_prompt("".join(m["content"] for m in messages))

@@ -18,8 +18,45 @@ def check_utf8(text: str) -> str:
     return text
 
 
+def _refused(name: str, value) -> str | None:
+    """Why a request field that would change the output cannot be honoured (None: absent, empty or harmless)."""
+    if value is None or value == [] or value == {} or value == "":
+        return None
+    if name == "tool_choice" and value in ("none", "auto"):
+        return None                               # with no tools, both mean plain text
+    if name == "response_format" and isinstance(value, dict) and value.get("type") == "text":
+        return None
+    if name == "modalities" and value == ["text"]:
+        return None
+    if name == "n_probs" and value == 0:
+        return None
+    if name == "best_of" and value == 1:
+        return None
+    return REFUSED_FIELDS[name]
+
+
+# Fields of the OpenAI and llama-server APIs this server cannot honour yet: a request that sets one gets a 400 naming
+# it rather than an answer that silently ignores it.
+REFUSED_FIELDS = {
+    "tools": "tool calling is not supported yet",
+    "tool_choice": "tool calling is not supported yet",
+    "functions": "function calling is not supported",
+    "function_call": "function calling is not supported",
+    "response_format": "structured output (json_object, json_schema) is not supported yet; only type 'text'",
+    "grammar": "grammars are not supported yet",
+    "json_schema": "JSON schemas are not supported yet",
+    "logit_bias": "logit_bias is not supported yet",
+    "n_probs": "n_probs is not supported; use logprobs",
+    "best_of": "best_of is not supported (only 1)",
+    "suffix": "suffix (infilling) is not supported",
+    "prediction": "predicted outputs are not supported",
+    "audio": "audio output is not supported",
+    "modalities": "only the 'text' modality is supported",
+}
+
+
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="allow")   # unknown OpenAI fields (user, logit_bias...) are accepted and ignored
+    model_config = ConfigDict(extra="allow")   # other unknown fields (user, metadata...) are accepted and ignored
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=0, le=MAX_INT)
@@ -44,6 +81,15 @@ class _Sampling(BaseModel):
         for s in [v] if isinstance(v, str) else v or []:
             check_utf8(s)
         return v
+
+    def refused_field(self) -> tuple[str, str] | None:
+        """(field, why) for the first field set that this server cannot honour (REFUSED_FIELDS)."""
+        for name, value in (self.model_extra or {}).items():
+            if name in REFUSED_FIELDS:
+                why = _refused(name, value)
+                if why:
+                    return name, why
+        return None
 
     def stops(self) -> list[str]:
         if self.stop is None:

@@ -117,3 +117,33 @@ def test_generate_cli_prompt_too_long(model_path):
     r = run_cli("generate", model_path("smol"), "word " * 200, "--ctx", "64", "--device", "cpu")
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "more than the context of 64" in r.stderr
+
+
+def test_generate_cli_prompt_from_stdin_and_file(model_path, tmp_path):
+    """`echo PROMPT | engine generate MODEL`, `generate MODEL -`, `generate MODEL -f FILE` all take the prompt
+    (less the newline ending its line) and give what the prompt argument gives."""
+    model = model_path("smol")
+    opts = ["-n", "4", "--temp", "0", "--ignore-eos", "--device", "cpu", "--json"]
+    ref = json.loads(run_cli("generate", *opts, model, "The capital of France is").stdout)
+    (tmp_path / "p.txt").write_text("The capital of France is\n")
+    for args, stdin in (([model], "The capital of France is\n"), ([model, "-"], "The capital of France is\n"),
+                        ([model, "-f", str(tmp_path / "p.txt")], "")):
+        r = subprocess.run([sys.executable, "-m", "engine.cli", "generate", *opts, *args], input=stdin,
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["prompt_tokens"] == ref["prompt_tokens"] and out["tokens"] == ref["tokens"], args
+
+
+def test_generate_cli_n_and_version(model_path):
+    model = model_path("smol")
+    r = run_cli("generate", "-n", "-1", "--ctx", "16", "--temp", "0", "--ignore-eos", "--device", "cpu", "--json",
+                model, "The capital of France is")
+    out = json.loads(r.stdout)
+    assert out["finish_reason"] == "length" and len(out["prompt_tokens"]) + len(out["tokens"]) == 17
+    r = run_cli("generate", "-n", "-5", model, "x")
+    assert r.returncode == 1 and "-n must be" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("--version")
+    assert r.returncode == 0 and r.stdout.startswith("engine ")
+    r = run_cli("generate", "--help")
+    assert "(default: 128)" in r.stdout

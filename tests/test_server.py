@@ -172,6 +172,49 @@ def test_errors(server, body, status, param):
     assert err["message"] and err["param"] == param and err["code"] == status
 
 
+@pytest.mark.parametrize("path,field,value", [
+    ("/v1/chat/completions", "tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+    ("/v1/chat/completions", "tool_choice", "required"),
+    ("/v1/chat/completions", "response_format", {"type": "json_object"}),
+    ("/v1/chat/completions", "response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+    ("/v1/chat/completions", "logit_bias", {"7042": -100}),
+    ("/v1/completions", "logit_bias", {"7042": -100}),
+    ("/v1/completions", "grammar", "root ::= \"yes\""),
+    ("/v1/completions", "json_schema", {"type": "object"}),
+    ("/v1/completions", "n_probs", 5),
+    ("/v1/completions", "best_of", 3),
+    ("/v1/completions", "suffix", "}"),
+])
+def test_fields_that_cannot_be_honoured_are_refused(server, path, field, value):
+    """A field that would change the output and is not implemented gets a 400 naming it, never a silent answer."""
+    body = {"max_tokens": 2, field: value}
+    body.update({"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"})
+    r = httpx.post(server + path, json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == field and field in err["message"]
+
+
+def test_harmless_fields_are_accepted(server):
+    r = httpx.post(server + "/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "tool_choice": "none", "tools": [],
+        "response_format": {"type": "text"}, "user": "u-1", "logit_bias": {}, "metadata": {"k": "v"}})
+    assert r.status_code == 200, r.text
+    r = httpx.post(server + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "best_of": 1, "suffix": ""})
+    assert r.status_code == 200, r.text
+
+
+def test_model_by_id_and_metrics_help(server):
+    r = httpx.get(server + "/v1/models/smollm2-135m")
+    assert r.status_code == 200 and r.json()["id"] == "smollm2-135m"
+    r = httpx.get(server + "/v1/models/gpt-9")
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+    lines = httpx.get(server + "/metrics").text.splitlines()
+    typed = [ln.split()[2] for ln in lines if ln.startswith("# TYPE")]
+    helped = [ln.split()[2] for ln in lines if ln.startswith("# HELP")]
+    assert typed and typed == helped
+
+
 def test_chat_errors(server):
     r = httpx.post(server + "/v1/chat/completions", json={"messages": []})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
