@@ -168,6 +168,9 @@ def _api_key(args) -> str | None:
     return os.environ.get("ENGINE_API_KEY") or None
 
 
+SHUTDOWN_GRACE_S = 2      # on Ctrl-C / SIGTERM, open streams get this long before they are cut and the server exits
+
+
 def cmd_serve(args) -> int:
     import logging
 
@@ -178,6 +181,10 @@ def cmd_serve(args) -> int:
         from server.core import CoreConfig
     except ImportError as e:
         return _fail(f"the server needs its extra: pip install -e '.[server]' ({e})")
+    if args.model_opt:
+        args.model = args.model_opt
+    if args.gpu_layers is not None and args.gpu_layers == 0 and args.device == "auto":
+        args.device = "cpu"
     model = hub.resolve_model(args.model)
     GGUFFile(model)   # a bad file is reported here, before the server starts
     for name in ("parallel", "max_batch_tokens", "ctx", "max_queue"):
@@ -188,12 +195,26 @@ def cmd_serve(args) -> int:
                       max_batch_tokens=args.max_batch_tokens, kv_f32=args.kv_f32)
     cfg = ServerConfig(core, api_key=_api_key(args), model_id=args.model if args.model in hub.MODELS else None,
                        max_body_bytes=int(args.max_body_mb * (1 << 20)), max_queue=args.max_queue,
-                       stall_s=args.core_timeout)
+                       stall_s=args.core_timeout, cors=args.cors)
     logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("engine").setLevel(args.log_level.upper())
     print(f"engine: serving {args.model} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
-    uvicorn.run(create_app(cfg), host=args.host, port=args.port, log_level="warning", access_log=False,
-                limit_concurrency=args.max_connections, timeout_keep_alive=args.keep_alive)
+    app = create_app(cfg)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            """The first Ctrl-C / SIGTERM ends open streams with finish_reason "abort", so they close in time."""
+            end = getattr(app.state, "end_streams", None)
+            if end is not None and not self.should_exit:
+                end()
+            super().handle_exit(sig, frame)
+
+    try:
+        Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                              limit_concurrency=args.max_connections, timeout_keep_alive=args.keep_alive,
+                              timeout_graceful_shutdown=SHUTDOWN_GRACE_S)).run()
+    except KeyboardInterrupt:      # uvicorn re-raises the signal it handled: a clean stop
+        pass
     return 0
 
 
@@ -278,13 +299,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server", formatter_class=defaults)
-    s.add_argument("model", nargs="?", default=hub.DEFAULT_MODEL)
+    s.add_argument("model", nargs="?", default=hub.DEFAULT_MODEL, help="path or short name")
+    s.add_argument("-m", "--model", dest="model_opt", default=None, help="the model (llama-server's flag)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8080)
-    s.add_argument("--parallel", type=int, default=None,
+    s.add_argument("-np", "--parallel", type=int, default=None,
                    help="sequences decoded together (KV slots); default: 4 on the CPU, on a GPU up to 64 as free "
                         "memory allows")
-    s.add_argument("--ctx", type=int, default=None, help="context length of each sequence")
+    s.add_argument("-c", "--ctx", type=int, default=None, help="context length of each sequence")
+    s.add_argument("-ngl", "--gpu-layers", type=int, default=None,
+                   help="llama-server's flag: any value but 0 means every layer on the GPU (0: the CPU)")
+    s.add_argument("--jinja", action="store_true", help="accepted for llama-server's sake: templates are always jinja")
+    s.add_argument("--cors", nargs="?", const="*", default=None,
+                   help="answer browsers' cross-origin requests from this origin ('*' when given alone; off by "
+                        "default)")
     s.add_argument("--ubatch", type=int, default=512, help="tokens of one prefill ubatch")
     s.add_argument("--max-batch-tokens", type=int, default=None,
                    help="tokens one scheduler step runs: a token per decoding sequence plus prompt chunks "

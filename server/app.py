@@ -48,6 +48,7 @@ class ServerConfig:
     template: TemplateLimits = field(default_factory=TemplateLimits)
     stall_s: float = 300.0                    # an engine core silent this long with requests waiting is stuck
     tokenizer_threads: int = 4
+    cors: str | None = None                   # an origin allowed cross-origin requests ("*": any); None: none
     core_main: Callable = run_core            # the engine-core process's main (scripts/bench_http.py: a stand-in)
 
 
@@ -99,6 +100,8 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         state["tokenizer"] = await asyncio.get_running_loop().run_in_executor(
             pool, lambda: Tokenizer(GGUFFile(cfg.core.model)))
         await engine.start()
+        loop = asyncio.get_running_loop()
+        app.state.end_streams = lambda: loop.call_soon_threadsafe(engine.end_streams, "abort")
         yield
         await engine.close()
         pool.shutdown(wait=False, cancel_futures=True)
@@ -453,4 +456,8 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         return {"id": cid, "object": "chat.completion", "created": created, "model": model_id,
                 "choices": choices, "usage": usage(mc)}
 
+    if cfg.cors:              # outermost: a browser's preflight is answered before the API key is asked for
+        from starlette.middleware.cors import CORSMiddleware
+        app.add_middleware(CORSMiddleware, allow_origins=[cfg.cors], allow_methods=["GET", "POST", "OPTIONS"],
+                           allow_headers=["authorization", "content-type"])
     return app

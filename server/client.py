@@ -120,6 +120,16 @@ class EngineClient:
         if rids and self.error is None:
             self._send(Abort(rids))
 
+    def end_streams(self, reason: str = "abort") -> None:
+        """Finish every request in flight now with finish_reason `reason` (the server is shutting down); the core
+        stops their sequences."""
+        rids = list(self.queues)
+        for rid, (q, index) in self.queues.items():
+            q.put_nowait((index, Event(rid, -1, finish=reason)))
+        self.queues.clear()
+        if rids and self.error is None:
+            self._send(Abort(rids))
+
     @property
     def in_flight(self) -> int:
         return len(self.queues)

@@ -291,3 +291,55 @@ def test_degenerate_sampling_requests_keep_the_server_serving(server):
         assert r.status_code == 200, (extra, r.text)
     r = httpx.post(server + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 3, "temperature": 0}, timeout=60)
     assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith(" Paris")
+
+
+def test_llama_server_flags_cors_and_graceful_shutdown(model_path, tmp_path):
+    """llama-server's flags are accepted (-m, -c, -np, -ngl 0 for the CPU, --jinja); --cors answers a browser's
+    preflight even with an API key; Ctrl-C with a stream open ends the stream with finish_reason "abort" and
+    [DONE], and the server exits 0 at once, without a traceback."""
+    import signal
+    model_path("smol")
+    port = free_port()
+    log = open(tmp_path / "serve.log", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "-m", "smollm2-135m", "-c", "256", "-np",
+                             "2", "-ngl", "0", "--jinja", "--cors", "--api-key", "k", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=log, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        pre = httpx.options(base + "/v1/chat/completions", headers={
+            "origin": "http://page.example", "access-control-request-method": "POST",
+            "access-control-request-headers": "authorization, content-type"})
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "*"
+        got = []
+
+        def stream():
+            try:
+                with httpx.stream("POST", base + "/v1/completions", headers={"authorization": "Bearer k"}, json={
+                        "prompt": "Once", "max_tokens": 200, "stream": True, "ignore_eos": True}, timeout=60) as r:
+                    for line in r.iter_lines():
+                        got.append(line)
+            except httpx.HTTPError:
+                pass
+        th = threading.Thread(target=stream, daemon=True)
+        th.start()
+        while not any(line.startswith("data: {") for line in got) and th.is_alive():
+            time.sleep(0.05)
+        t0 = time.time()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=15) == 0
+        assert time.time() - t0 < 3
+        th.join(5)
+        chunks = [json.loads(line[6:]) for line in got if line.startswith("data: {")]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "abort" and got[-2:] == ["data: [DONE]", ""]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log.seek(0)
+    assert "Traceback" not in log.read()
