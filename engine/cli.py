@@ -195,7 +195,7 @@ def cmd_serve(args) -> int:
                       max_batch_tokens=args.max_batch_tokens, kv_f32=args.kv_f32)
     cfg = ServerConfig(core, api_key=_api_key(args), model_id=args.model if args.model in hub.MODELS else None,
                        max_body_bytes=int(args.max_body_mb * (1 << 20)), max_queue=args.max_queue,
-                       stall_s=args.core_timeout, cors=args.cors)
+                       stall_s=args.core_timeout, cors=args.cors, metrics_key=args.metrics_key)
     logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("engine").setLevel(args.log_level.upper())
     print(f"engine: serving {args.model} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
@@ -320,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
     s.add_argument("--api-key", default=None, help="require this key (also --api-key-file, or $ENGINE_API_KEY)")
     s.add_argument("--api-key-file", default=None, help="a file whose content is the API key")
+    s.add_argument("--metrics-key", default=None, help="require this key on /metrics (open otherwise)")
     s.add_argument("--max-queue", type=int, default=256, help="sequences waiting beyond the slots; more get 429")
     s.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body")
     s.add_argument("--max-connections", type=int, default=1024, help="concurrent connections (uvicorn)")

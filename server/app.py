@@ -25,6 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from engine import __version__
 from engine.gguf import GGUFFile
 from engine.sampling import seed_bits
 from engine.tokenizer import TemplateLimits, Tokenizer, TokenizerError
@@ -41,6 +42,7 @@ log = logging.getLogger("engine.server")
 class ServerConfig:
     core: CoreConfig
     api_key: str | None = None
+    metrics_key: str | None = None            # /metrics asks for this key when set (it is open otherwise)
     model_id: str | None = None
     max_body_bytes: int = 16 << 20            # a request body larger than this is refused (413) before parsing
     max_queue: int = 256                      # sequences waiting beyond the KV slots; more get 429
@@ -142,14 +144,25 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return error_response(APIError(500, f"internal error: {type(exc).__name__}"))
 
-    def key_ok(request: Request) -> bool:
+    def key_ok(request: Request, key: str | None = None) -> bool:
+        key = key or cfg.api_key
         given = request.headers.get("authorization", "")
-        return bool(cfg.api_key) and hmac.compare_digest(given.encode(), f"Bearer {cfg.api_key}".encode())
+        return bool(key) and hmac.compare_digest(given.encode(), f"Bearer {key}".encode())
+
+    def refused_key(request: Request) -> bool:
+        """/health is open; /metrics asks for --metrics-key when one is set, nothing otherwise; the rest for the API
+        key when one is set."""
+        path = request.url.path
+        if path == "/health":
+            return False
+        if path == "/metrics":
+            return bool(cfg.metrics_key) and not key_ok(request, cfg.metrics_key)
+        return bool(cfg.api_key) and not key_ok(request)
 
     @app.middleware("http")
     async def check_key_and_log(request: Request, call_next):
         t0 = time.monotonic()
-        if cfg.api_key and request.url.path != "/health" and not key_ok(request):
+        if refused_key(request):
             response = error_response(APIError(401, "invalid or missing API key"))
         else:
             response = await call_next(request)
@@ -197,6 +210,18 @@ def create_app(cfg: ServerConfig) -> FastAPI:
     async def model(name: str):
         check_model(name)
         return {"id": model_id, "object": "model", "created": state["created"], "owned_by": "engine"}
+
+    @app.get("/props")
+    async def props():
+        """llama-server's /props: the server's settings."""
+        e = state["engine"]
+        ready = e.ready
+        return {"model_path": cfg.core.model, "model_alias": model_id, "total_slots": ready.n_seq if ready else None,
+                "n_ctx": ready.n_ctx if ready else None, "chat_template": state["tokenizer"].chat_template or "",
+                "build_info": f"engine {__version__}", "default_generation_settings": {
+                    "n_ctx": ready.n_ctx if ready else None, "params": {
+                        "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0,
+                        "repeat_last_n": 64, "presence_penalty": 0.0, "frequency_penalty": 0.0}}}
 
     @app.get("/metrics")
     async def metrics():

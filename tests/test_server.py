@@ -204,6 +204,11 @@ def test_harmless_fields_are_accepted(server):
     assert r.status_code == 200, r.text
 
 
+def test_props_and_open_metrics(server):
+    props = httpx.get(server + "/props").json()
+    assert props["total_slots"] == 4 and props["n_ctx"] == 256 and "im_start" in props["chat_template"]
+
+
 def test_model_by_id_and_metrics_help(server):
     r = httpx.get(server + "/v1/models/smollm2-135m")
     assert r.status_code == 200 and r.json()["id"] == "smollm2-135m"
@@ -224,10 +229,14 @@ def test_chat_errors(server):
 
 def test_api_key(model_path):
     model_path("smol")
-    proc, base = start_server("--api-key", "sekret", "--parallel", "1")
+    proc, base = start_server("--api-key", "sekret", "--parallel", "1", "--metrics-key", "scrape")
     try:
         assert httpx.get(base + "/health").status_code == 200
         assert httpx.get(base + "/v1/models").status_code == 401
+        assert httpx.get(base + "/props").status_code == 401
+        assert httpx.get(base + "/metrics").status_code == 401
+        assert httpx.get(base + "/metrics", headers={"authorization": "Bearer sekret"}).status_code == 401
+        assert httpx.get(base + "/metrics", headers={"authorization": "Bearer scrape"}).status_code == 200
         assert httpx.get(base + "/v1/models", headers={"authorization": "Bearer wrong"}).status_code == 401
         r = httpx.post(base + "/v1/completions", json={"prompt": "x", "max_tokens": 1},
                        headers={"authorization": "Bearer sekret"})
