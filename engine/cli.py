@@ -210,9 +210,14 @@ def cmd_serve(args) -> int:
             super().handle_exit(sig, frame)
 
     try:
+        from server.http_protocol import with_header_timeout
+        http = with_header_timeout(args.header_timeout)
+    except ImportError:           # no httptools: uvicorn's h11 protocol, without a header deadline
+        http = "auto"
+    try:
         Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                               limit_concurrency=args.max_connections, timeout_keep_alive=args.keep_alive,
-                              timeout_graceful_shutdown=SHUTDOWN_GRACE_S)).run()
+                              timeout_graceful_shutdown=SHUTDOWN_GRACE_S, http=http)).run()
     except KeyboardInterrupt:      # uvicorn re-raises the signal it handled: a clean stop
         pass
     return 0
@@ -325,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body")
     s.add_argument("--max-connections", type=int, default=1024, help="concurrent connections (uvicorn)")
     s.add_argument("--keep-alive", type=int, default=5, help="seconds an idle keep-alive connection stays open")
+    s.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a connection may take to send a request's headers before it is closed")
     s.add_argument("--core-timeout", type=float, default=300.0,
                    help="seconds the engine core may stay silent while requests wait before it counts as stuck")
     s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])

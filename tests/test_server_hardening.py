@@ -203,3 +203,39 @@ def test_fuzzed_requests(server):
             r = http.request(method, path, content=raw, headers={"content-type": "application/json"})
             assert not bad_answer(r), (seed, i, method, path, raw[:200], r.status_code, r.text[:300])
         assert http.post("/v1/completions", json=greedy).json()["choices"][0]["text"] == before
+
+
+def test_connections_that_never_finish_their_headers_are_closed(model_path):
+    """Item 5: a connection holding half a request (or trickling it a byte at a time) is closed after --header-timeout;
+    a keep-alive client pausing between requests longer than that is not."""
+    import socket
+    model_path("smol")
+    proc, base = start_server("--parallel", "1", "--header-timeout", "1", "--keep-alive", "5")
+    port = int(base.rsplit(":", 1)[1])
+    try:
+        half = socket.create_connection(("127.0.0.1", port))
+        half.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        trickle = socket.create_connection(("127.0.0.1", port))
+        t0 = time.time()
+
+        def closed(s) -> bool:
+            try:
+                s.settimeout(3)
+                return s.recv(100) == b""                  # closed by the server, no response
+            except ConnectionResetError:
+                return True
+        try:
+            for b in b"GET /health HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n":
+                trickle.sendall(bytes([b]))
+                time.sleep(0.1)
+        except OSError:                                    # the server closed it mid-trickle
+            pass
+        assert closed(trickle) and time.time() - t0 < 4
+        assert closed(half)
+        with httpx.Client() as c:
+            for _ in range(2):
+                assert c.get(base + "/health").status_code == 200
+                time.sleep(1.5)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
