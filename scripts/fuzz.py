@@ -215,10 +215,10 @@ def soak(args) -> int:
     growth = end / warm - 1
     print(f"soak: {args.clients} clients, {args.minutes} min: {stats['completed']} completed, {stats['disconnects']} "
           f"disconnects, {stats['429']} refused with 429, {len(stats['errors'])} errors {stats['errors'][:3]}; "
-          f"running {metrics['engine_requests_running']}, waiting {metrics['engine_requests_waiting']}, "
-          f"free slots {metrics['engine_kv_slots_free']}; memory {warm / 2**20:.0f} -> {end / 2**20:.0f} MB "
+          f"running {metrics['engine:num_requests_running']}, waiting {metrics['engine:num_requests_waiting']}, "
+          f"free slots {metrics['engine:kv_slots_free']}; memory {warm / 2**20:.0f} -> {end / 2**20:.0f} MB "
           f"({growth:+.1%})")
-    return 1 if stats["errors"] or metrics["engine_requests_running"] != "0" or growth > 0.05 else 0
+    return 1 if stats["errors"] or float(metrics["engine:num_requests_running"]) != 0 or growth > 0.05 else 0
 
 
 def main():

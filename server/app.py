@@ -22,7 +22,7 @@ from typing import Callable
 import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine import __version__
@@ -33,6 +33,7 @@ from engine.tokenizer import TemplateLimits, Tokenizer, TokenizerError
 from .client import CoreConfig, EngineClient, EngineUnavailable, GenerationError, MultiChoice
 from .core import run_core
 from .messages import AddRequest
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, ServerMetrics
 from .protocol import APIError, ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
 log = logging.getLogger("engine.server")
@@ -109,6 +110,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="engine", lifespan=lifespan)
+    server_metrics = ServerMetrics(lambda: state["engine"])
     app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)
 
     async def blocking(fn, *args):
@@ -225,33 +227,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        e = state["engine"]
-        st = e.stats
-        lines = []
-        for name, kind, value, text in [
-            ("engine_requests_total", "counter", st.requests_total, "requests the engine core accepted"),
-            ("engine_requests_finished_total", "counter", st.requests_finished, "requests finished, any reason"),
-            ("engine_requests_failed_total", "counter", st.requests_failed, "requests finished with an error"),
-            ("engine_requests_running", "gauge", st.running, "sequences prefilling or decoding"),
-            ("engine_requests_waiting", "gauge", st.waiting, "sequences waiting for a KV slot"),
-            ("engine_prompt_tokens_total", "counter", st.prompt_tokens_total, "prompt tokens in the KV cache"),
-            ("engine_prompt_tokens_shared_total", "counter", st.prompt_tokens_shared,
-             "prompt tokens copied from a running sequence with the same prompt"),
-            ("engine_generated_tokens_total", "counter", st.generated_tokens_total, "tokens generated"),
-            ("engine_generated_tokens_per_second", "gauge", st.tokens_per_second,
-             "decode rows per second of the recent steps"),
-            ("engine_steps_total", "counter", st.steps, "scheduler steps (forward passes)"),
-            ("engine_prefill_steps_total", "counter", st.prefill_steps, "steps that carried prompt chunks"),
-            ("engine_decode_step_seconds_total", "counter", round(st.decode_step_seconds, 6),
-             "wall time of the steps with decode rows only"),
-            ("engine_prefill_step_seconds_total", "counter", round(st.prefill_step_seconds, 6),
-             "wall time of the steps with prompt chunks"),
-            ("engine_kv_slots_free", "gauge", st.kv_slots_free, "KV-cache slots free"),
-            ("engine_core_up", "gauge", int(e.ready is not None and e.error is None),
-             "1 while the engine core is loaded and answering"),
-        ]:
-            lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {value}"]
-        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+        return Response(server_metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
@@ -334,6 +310,8 @@ def create_app(cfg: ServerConfig) -> FastAPI:
 
     def log_generation(request: Request, status: int, mc: MultiChoice | None, t0: float) -> None:
         now = time.monotonic()
+        if mc is not None:
+            server_metrics.observe(mc.first_token_at - t0 if mc.first_token_at else None, mc.token_gaps, now - t0)
         ttft = f"{(mc.first_token_at - t0) * 1000:.0f}ms" if mc and mc.first_token_at else "-"
         log.info("%s %s %d prompt=%d completion=%d ttft=%s duration=%.0fms", request.method, request.url.path,
                  status, mc.prompt_tokens if mc else 0, sum(mc.completion_tokens) if mc else 0, ttft,

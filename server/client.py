@@ -31,6 +31,9 @@ from .messages import Abort, AddRequest, CoreStats, Event, Fatal, Outputs, Ready
 __all__ = ["CoreConfig", "EngineClient", "EngineUnavailable", "GenerationError", "MultiChoice", "ChoiceDelta"]
 
 
+MAX_TOKEN_GAPS = 4096       # token gaps kept per request for the latency histogram
+
+
 class EngineUnavailable(RuntimeError):
     """The engine core is loading, failed to load, exited or stopped answering."""
 
@@ -191,6 +194,8 @@ class MultiChoice:
         self.prompt_tokens = len(requests[0].prompt)
         self.merged: asyncio.Queue = asyncio.Queue()
         self.first_token_at: float | None = None
+        self.last_token_at = 0.0
+        self.token_gaps: list[float] = []             # between this request's tokens (any choice), for /metrics
         self.rids: list[int] = []
         try:
             for i, req in enumerate(requests):
@@ -209,8 +214,12 @@ class MultiChoice:
                 if self.finished[i]:
                     continue
                 if ev.finish is None:
+                    now = time.monotonic()
                     if self.first_token_at is None:
-                        self.first_token_at = time.monotonic()
+                        self.first_token_at = now
+                    elif len(self.token_gaps) < MAX_TOKEN_GAPS:
+                        self.token_gaps.append(now - self.last_token_at)
+                    self.last_token_at = now
                     self.completion_tokens[i] += 1
                     text = self.matchers[i].feed(self.decoders[i].add(ev.token))
                     if self.matchers[i].stopped:

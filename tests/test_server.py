@@ -144,16 +144,18 @@ def test_echo_and_token_ids_prompt(client, server):
     assert back == PROMPT
 
 
-def test_models_metrics_health(server):
+def test_models_metrics_health(server, client):
     assert httpx.get(server + "/v1/models").json()["data"][0]["id"] == "smollm2-135m"
+    client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=4, temperature=0)
     metrics = httpx.get(server + "/metrics").text
-    for name in ("engine_requests_total", "engine_requests_waiting", "engine_generated_tokens_total",
-                 "engine_generated_tokens_per_second", "engine_prefill_steps_total",
-                 "engine_prefill_step_seconds_total", "engine_decode_step_seconds_total"):
-        assert f"\n{name} " in "\n" + metrics
     values = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines() if line[:1] != "#"}
-    if values["engine_steps_total"]:     # the module's earlier requests ran steps: each counted with its time
-        assert values["engine_prefill_steps_total"] >= 1 and values["engine_prefill_step_seconds_total"] > 0
+    for name in ("engine:requests_total", "engine:num_requests_waiting", "engine:generation_tokens_total",
+                 "engine:generation_tokens_per_second", "engine:prefill_steps_total",
+                 "engine:prefill_step_seconds_total", "engine:decode_step_seconds_total", "engine:core_up"):
+        assert name in values, name
+    assert values["engine:prefill_steps_total"] >= 1 and values["engine:prefill_step_seconds_total"] > 0
+    for hist in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"):
+        assert values[f"engine:{hist}_count"] >= 1 and values[f'engine:{hist}_bucket{{le="+Inf"}}'] >= 1
     assert httpx.get(server + "/health").json() == {"status": "ok"}
 
 
@@ -284,8 +286,8 @@ def test_concurrent_clients_and_disconnect(server):
     while time.time() < deadline:
         m = dict(line.split() for line in httpx.get(server + "/metrics").text.splitlines()
                  if line and not line.startswith("#"))
-        if m["engine_requests_running"] == "0" and m["engine_requests_waiting"] == "0" \
-                and m["engine_kv_slots_free"] == "4":
+        if float(m["engine:num_requests_running"]) == 0 and float(m["engine:num_requests_waiting"]) == 0 \
+                and float(m["engine:kv_slots_free"]) == 4:
             break
         time.sleep(0.2)
     else:
