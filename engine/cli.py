@@ -1,4 +1,4 @@
-"""`engine generate | info | tokenize | fetch | bench | serve`."""
+"""`engine generate | chat | info | tokenize | fetch | bench | serve`."""
 from __future__ import annotations
 
 import argparse
@@ -154,6 +154,61 @@ def cmd_generate(args) -> int:
     return 0
 
 
+# -- chat ------------------------------------------------------------------------------------------------------
+def cmd_chat(args) -> int:
+    """A conversation on the terminal: each line a user turn, the reply streamed; /exit or end of input ends it,
+    Ctrl-C stops a reply (not the session)."""
+    from .runtime import Runtime
+    from .sampling import SamplingParams
+
+    if args.n < -1:
+        return _fail("-n must be >= 0, or -1 (until the end of generation or the context)")
+    rt = Runtime.load(args.model, device=args.device, n_ctx=args.ctx, n_ubatch=args.ubatch, kv_f32=args.kv_f32)
+    tok = rt.tokenizer
+    params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                            repeat_penalty=args.repeat_penalty, seed=args.seed)
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    turns: list[dict] = []
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print(f"engine: chatting with {args.model}; /exit or Ctrl-D ends, Ctrl-C stops a reply", file=sys.stderr)
+    while True:
+        try:
+            line = input("> " if interactive else "")
+        except (EOFError, KeyboardInterrupt):
+            break
+        if line.strip() in ("/exit", "/quit"):
+            break
+        if not line.strip():
+            continue
+        turn = {"role": "user", "content": line}
+        alone = len(tok.chat_prompt_ids(system + [turn]))
+        if alone >= rt.n_ctx:
+            _fail(f"the message ({alone} tokens with the template) does not fit the context of {rt.n_ctx}")
+            continue
+        turns.append(turn)
+        ids = tok.chat_prompt_ids(system + turns)
+        while len(ids) >= rt.n_ctx:                                # forget the oldest exchange
+            turns = turns[2:]
+            ids = tok.chat_prompt_ids(system + turns)
+        max_tokens = args.n if args.n >= 0 else rt.n_ctx
+        dec, reply = tok.stream_decoder(), []
+        try:
+            for tid in rt.generate(ids, params, max_tokens=max_tokens):
+                piece = dec.add(tid)
+                reply.append(piece)
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            pass
+        tail = dec.flush()
+        reply.append(tail)
+        sys.stdout.write(tail + "\n")
+        sys.stdout.flush()
+        turns.append({"role": "assistant", "content": "".join(reply).strip()})
+    return 0
+
+
 # -- serve -----------------------------------------------------------------------------------------------------
 def _api_key(args) -> str | None:
     """--api-key, else --api-key-file, else $ENGINE_API_KEY (a file or the environment keeps it out of `ps`)."""
@@ -246,6 +301,20 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _sampling_and_runtime_args(s) -> None:
+    """The sampling and runtime options generate and chat share."""
+    s.add_argument("--temp", type=float, default=0.8, help="sampling temperature (0: greedy)")
+    s.add_argument("--top-k", type=int, default=40, help="keep the k most likely tokens (0: all)")
+    s.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling")
+    s.add_argument("--min-p", type=float, default=0.05, help="drop tokens below min_p times the best one's p")
+    s.add_argument("--repeat-penalty", type=float, default=1.0, help="llama.cpp's repeat penalty")
+    s.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    s.add_argument("--ubatch", type=int, default=512, help="tokens of one prefill ubatch")
+    s.add_argument("--ctx", type=int, default=None, help="context length (default: the model's, at most 4096)")
+    s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
+    s.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
+
+
 class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
     """Help that shows each option's default, unless it has none."""
 
@@ -278,20 +347,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="PROMPT '-' (or only MODEL with a piped stdin) reads the prompt from stdin")
     s.add_argument("-f", "--file", default=None, help="read the prompt from this file")
     s.add_argument("-n", type=int, default=128, help="tokens to generate; -1: until end of generation or the context")
-    s.add_argument("--temp", type=float, default=0.8, help="sampling temperature (0: greedy)")
-    s.add_argument("--top-k", type=int, default=40, help="keep the k most likely tokens (0: all)")
-    s.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling")
-    s.add_argument("--min-p", type=float, default=0.05, help="drop tokens below min_p times the best one's p")
-    s.add_argument("--repeat-penalty", type=float, default=1.0, help="llama.cpp's repeat penalty")
-    s.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    _sampling_and_runtime_args(s)
     s.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens")
-    s.add_argument("--ubatch", type=int, default=512, help="tokens of one prefill ubatch")
-    s.add_argument("--ctx", type=int, default=None, help="context length (default: the model's, at most 4096)")
     s.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
-    s.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
     s.add_argument("--json", action="store_true", help="print one JSON object at the end")
     s.set_defaults(func=cmd_generate)
+
+    s = sub.add_parser("chat", help="a conversation with the model on the terminal", formatter_class=defaults)
+    s.add_argument("model", nargs="?", default=hub.DEFAULT_MODEL, help="path or short name")
+    s.add_argument("-n", type=int, default=-1, help="tokens per reply at most; -1: until end of generation")
+    s.add_argument("--system", default=None, help="a system message")
+    _sampling_and_runtime_args(s)
+    s.set_defaults(func=cmd_chat)
 
     s = sub.add_parser("bench", help="prompt-processing and generation speed", formatter_class=defaults)
     s.add_argument("model")

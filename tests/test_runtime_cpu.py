@@ -147,3 +147,17 @@ def test_generate_cli_n_and_version(model_path):
     assert r.returncode == 0 and r.stdout.startswith("engine ")
     r = run_cli("generate", "--help")
     assert "(default: 128)" in r.stdout
+
+
+def test_chat_cli_keeps_the_conversation(model_path):
+    """`engine chat`: each stdin line a turn, replies that remember the earlier turns; a message too long for the
+    context is one error line and the session goes on; /exit ends it."""
+    r = subprocess.run([sys.executable, "-m", "engine.cli", "chat", model_path("smol"), "--temp", "0", "-n", "40",
+                        "--device", "cpu", "--ctx", "512"],
+                       input="What is the capital of France?\n" + "word " * 600 + "\n"
+                             "And what language do they speak there?\n/exit\nnever read\n",
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    replies = [line for line in r.stdout.splitlines() if line.strip()]
+    assert len(replies) == 2 and "Paris" in replies[0] and "French" in replies[1]
+    assert "does not fit the context of 512" in r.stderr
