@@ -109,44 +109,63 @@ def _model_and_prompt(args) -> tuple[str | None, str]:
     return (pos[0], pos[1]) if len(pos) == 2 else (None, pos[0])
 
 
+def _load_for_sampling(args, model: str | None):
+    """generate's and chat's runtime, sampling parameters and -n as a token limit -> (rt, params, max_tokens)."""
+    from .runtime import Runtime
+    from .sampling import SamplingParams
+
+    if args.n < -1:
+        raise ValueError("-n must be >= 0, or -1 (until the end of generation or the context)")
+    rt = Runtime.load(model, device=args.device, n_ctx=args.ctx, n_ubatch=args.ubatch, kv_f32=args.kv_f32)
+    params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                            repeat_penalty=args.repeat_penalty, seed=args.seed)
+    return rt, params, (args.n if args.n >= 0 else rt.n_ctx)
+
+
+def _stream_text(rt, ids: list[int], params, max_tokens: int, show: bool, interruptible: bool = False,
+                 **generate_kw) -> str:
+    """Generate from ids, each piece of text written to stdout as it comes when `show` (and a newline at the end)
+    -> the text. interruptible: Ctrl-C ends the generation, not the program."""
+    dec, text = rt.tokenizer.stream_decoder(), []
+    try:
+        for tid in rt.generate(ids, params, max_tokens=max_tokens, **generate_kw):
+            piece = dec.add(tid)
+            text.append(piece)
+            if show:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        if not interruptible:
+            raise
+    text.append(dec.flush())
+    if show:
+        sys.stdout.write(text[-1] + "\n")
+        sys.stdout.flush()
+    return "".join(text)
+
+
 def cmd_generate(args) -> int:
     import time
 
-    from .runtime import Generation, Runtime
-    from .sampling import SamplingParams
+    from .runtime import Generation
 
     model, prompt = _model_and_prompt(args)
-    if args.n < -1:
-        return _fail("-n must be >= 0, or -1 (until the end of generation or the context)")
     t0 = time.perf_counter()
-    rt = Runtime.load(model, device=args.device, n_ctx=args.ctx, n_ubatch=args.ubatch, kv_f32=args.kv_f32)
+    rt, params, max_tokens = _load_for_sampling(args, model)
     load_s = time.perf_counter() - t0
     tok = rt.tokenizer
     if args.chat:
         ids = tok.chat_prompt_ids([{"role": "user", "content": prompt}])
     else:
         ids = tok.encode(prompt)
-    params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                            repeat_penalty=args.repeat_penalty, seed=args.seed)
     state = Generation(ids)
-    dec = tok.stream_decoder()
-    text = []
-    max_tokens = args.n if args.n >= 0 else rt.n_ctx
-    for tid in rt.generate(ids, params, max_tokens=max_tokens, ignore_eos=args.ignore_eos, state=state):
-        piece = dec.add(tid)
-        text.append(piece)
-        if not args.json:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-    tail = dec.flush()
-    text.append(tail)
+    text = _stream_text(rt, ids, params, max_tokens, not args.json, ignore_eos=args.ignore_eos, state=state)
     if args.json:
-        out = {"prompt_tokens": ids, "tokens": state.tokens, "text": "".join(text),
+        out = {"prompt_tokens": ids, "tokens": state.tokens, "text": text,
                "finish_reason": state.finish_reason, "device": rt.backend.name,
                "timings": {**state.timings.as_dict(), "load_s": load_s}}
         print(json.dumps(out, ensure_ascii=False))
     else:
-        sys.stdout.write(tail + "\n")
         t = state.timings.as_dict()
         print(f"[{rt.backend.name}] prompt {len(ids)} tokens at {t['prompt_tokens_per_s']:.1f} t/s, "
               f"generated {len(state.tokens)} tokens at {t['generated_tokens_per_s']:.1f} t/s, "
@@ -158,15 +177,8 @@ def cmd_generate(args) -> int:
 def cmd_chat(args) -> int:
     """A conversation on the terminal: each line a user turn, the reply streamed; /exit or end of input ends it,
     Ctrl-C stops a reply (not the session)."""
-    from .runtime import Runtime
-    from .sampling import SamplingParams
-
-    if args.n < -1:
-        return _fail("-n must be >= 0, or -1 (until the end of generation or the context)")
-    rt = Runtime.load(args.model, device=args.device, n_ctx=args.ctx, n_ubatch=args.ubatch, kv_f32=args.kv_f32)
+    rt, params, max_tokens = _load_for_sampling(args, args.model)
     tok = rt.tokenizer
-    params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                            repeat_penalty=args.repeat_penalty, seed=args.seed)
     system = [{"role": "system", "content": args.system}] if args.system else []
     turns: list[dict] = []
     interactive = sys.stdin.isatty()
@@ -191,21 +203,8 @@ def cmd_chat(args) -> int:
         while len(ids) >= rt.n_ctx:                                # forget the oldest exchange
             turns = turns[2:]
             ids = tok.chat_prompt_ids(system + turns)
-        max_tokens = args.n if args.n >= 0 else rt.n_ctx
-        dec, reply = tok.stream_decoder(), []
-        try:
-            for tid in rt.generate(ids, params, max_tokens=max_tokens):
-                piece = dec.add(tid)
-                reply.append(piece)
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-        except KeyboardInterrupt:
-            pass
-        tail = dec.flush()
-        reply.append(tail)
-        sys.stdout.write(tail + "\n")
-        sys.stdout.flush()
-        turns.append({"role": "assistant", "content": "".join(reply).strip()})
+        reply = _stream_text(rt, ids, params, max_tokens, True, interruptible=True)
+        turns.append({"role": "assistant", "content": reply.strip()})
     return 0
 
 

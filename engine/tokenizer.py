@@ -226,8 +226,12 @@ class Tokenizer:
 
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         """Split text into raw-text fragments and special token ids, longest special token first."""
+        return self._split_out(text, self._specials_in(text), parse_special)
+
+    def _split_out(self, text: str, specials: list[int], parse_special: bool) -> list[str | int]:
+        """Split each of `specials` in turn (in _specials' order) out of the text's raw fragments."""
         frags: list[str | int] = [text]
-        for tid in self._specials_in(text):
+        for tid in specials:
             tok = self.tokens[tid]
             if not parse_special and self.types[tid] != USER_DEFINED:
                 continue
