@@ -222,8 +222,9 @@ def create_app(cfg: ServerConfig) -> FastAPI:
                 "n_ctx": ready.n_ctx if ready else None, "chat_template": state["tokenizer"].chat_template or "",
                 "build_info": f"engine {__version__}", "default_generation_settings": {
                     "n_ctx": ready.n_ctx if ready else None, "params": {
-                        "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0,
-                        "repeat_last_n": 64, "presence_penalty": 0.0, "frequency_penalty": 0.0}}}
+                        k: CompletionRequest.model_fields[k].default for k in (
+                            "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
+                            "presence_penalty", "frequency_penalty")}}}
 
     @app.get("/metrics")
     async def metrics():

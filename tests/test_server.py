@@ -209,6 +209,7 @@ def test_harmless_fields_are_accepted(server):
 def test_props_and_open_metrics(server):
     props = httpx.get(server + "/props").json()
     assert props["total_slots"] == 4 and props["n_ctx"] == 256 and "im_start" in props["chat_template"]
+    assert props["default_generation_settings"]["params"]["temperature"] == 1.0
 
 
 def test_model_by_id_and_metrics_help(server):
