@@ -12,6 +12,7 @@
 #   bash scripts/device_serving.sh churn [B,..]  synthetic 8B: the engine core under a server's load, no HTTP
 #                                                 (bench_batched_decode.py --churn), graphs on, then off
 #   bash scripts/device_serving.sh http           the HTTP front end before a stand-in core (scripts/bench_http.py)
+#   bash scripts/device_serving.sh serve synth|smol [SECS]  serve_compare.sh on one model (1, 8, 32, 64 clients)
 #   bash scripts/device_serving.sh bench [SECS]   synthetic 8B: engine core batched decode (raw and --scheduler) beside
 #                                                 llama-batched-bench; then serve_compare.sh on the 8B and SmolLM2
 set -uo pipefail
@@ -77,6 +78,14 @@ churn)
     --seconds 6 2>&1 | tee -a "$OUT/churn.log" ;;
 http)
   python3 scripts/bench_http.py $SMOL --clients 1,8,32,64 --step-ms 15 --seconds 8 2>&1 | tee "$OUT/http.log" ;;
+serve)          # synth|smol|MODEL [SECS]: serve_compare.sh on one model at 1, 8, 32 and 64 clients
+  m=${2:-synth}; secs=${3:-8}
+  [ "$m" = synth ] && m=$SYNTH; [ "$m" = smol ] && m=$SMOL
+  [ -f $m ] || { echo "$m missing (synth: see /tmp/synth.log)"; exit 1; }
+  cat /tmp/llamacpp/build.rc 2>/dev/null || { echo "llama.cpp build not finished"; exit 1; }
+  echo "== serve_compare $(basename $m)" | tee -a "$OUT/serve.log"
+  bash /tmp/serve_compare.sh $m "1 8 32 64" "$secs" 2>&1 | tee -a "$OUT/serve.log"
+  tail -c 200000 /tmp/serve-engine.log > "$OUT/serve-engine-$(basename $m .gguf).log" ;;
 serve-engine)   # MODEL CLIENTS SECS [extra engine serve flags]: the load test against engine serve alone
   m=$2; clients=$3; secs=$4; shift 4
   python3 -m engine.cli serve "$m" --port 8090 --device cuda --parallel 64 --ctx 512 "$@" > /tmp/serve-engine.log 2>&1 &
@@ -93,6 +102,6 @@ serve-engine)   # MODEL CLIENTS SECS [extra engine serve flags]: the load test a
   kill $ep; wait $ep 2>/dev/null
   grep -v " 200 prompt=" /tmp/serve-engine.log | tail -5 ;;
 *)
-  echo "usage: $0 wheels | setup | stage CHUNK... | gpu-tests | churn [B,..] | http | bench [SECS] | serve-engine"
+  echo "usage: $0 wheels | setup | stage CHUNK... | gpu-tests | churn [B,..] | http | serve MODEL [SECS] | bench [SECS] | serve-engine"
   exit 2 ;;
 esac

@@ -99,20 +99,23 @@ class EngineCore:
                      self.sched.max_batch_tokens)
 
     def warm_up(self) -> None:
-        """Compile and load every kernel a serving step uses (a mixed prefill + decode step, decode steps of one
-        and of all slots) before the first request, so no request waits for the compiler."""
+        """Run one step of every shape the backend names (compiling kernels, capturing CUDA graphs) and one batched
+        sampling call before the first request, so no request waits for the compiler or a capture."""
         from engine.sampling import Sampler, SamplingParams
 
-        rt, n = self.rt, self.rt.n_seq
-        chunk = min(32, rt.n_ctx - 1)
-        tokens = [1] * chunk
-        rt.forward(tokens, list(range(chunk)), [0] * chunk, [chunk - 1])
-        if n > 1:
-            logits = rt.forward([1] + tokens, [chunk] + list(range(chunk)), [0] + [1] * chunk, [0, chunk])
-            rt.backend.sample(logits, [Sampler(SamplingParams(temperature=1.0, top_k=40, top_p=0.9)) for _ in
-                                       range(2)], [[1], [1]])
-        for b in sorted({1, n}):
-            rt.forward([1] * b, [chunk] * b, list(range(b)), list(range(b)))
+        rt = self.rt
+        sampled = False
+        for n_decode, n_prefill in rt.backend.warm_up_shapes(rt.n_seq, self.sched.max_batch_tokens):
+            n_prefill = min(n_prefill, rt.n_ctx - 1)
+            tokens = [1] * (n_decode + n_prefill)
+            positions = [n_prefill] * n_decode + list(range(n_prefill))
+            slots = list(range(n_decode)) + [n_decode] * n_prefill          # distinct slots (n_decode < n_seq)
+            rows = list(range(n_decode)) + ([len(tokens) - 1] if n_prefill else [])
+            logits = rt.forward(tokens, positions, slots, rows)
+            if not sampled and len(rows) > 1:
+                params = SamplingParams(temperature=1.0, top_k=40, top_p=0.9)
+                rt.backend.sample(logits, [Sampler(params) for _ in rows], [[1] for _ in rows])
+                sampled = True
         sync = getattr(rt.backend, "synchronize", None)
         if sync:
             sync()

@@ -163,7 +163,7 @@ def assert_argmax_near_ties(gpu, cpu, sigmas=6.0):
 def test_cuda_graph_prefill_equals_eager(tiny, arch, path, monkeypatch):
     """Prefill ubatches of one length replayed from a graph (captured the second time the length comes; cache-only
     and last-logits ubatches; dequantize + cuBLAS through ctypes, or MMQ) give the eager logits exactly."""
-    from engine.backends.cuda_graphs import MIN_PREFILL
+    from engine.backends.step_shapes import MIN_PREFILL
     if path:
         monkeypatch.setenv("ENGINE_MUL_MAT_PATH", path)
     rng = np.random.default_rng()
@@ -250,10 +250,10 @@ def two_mixed_steps(rt: Runtime, prompts, chunks, tokens):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_cuda_mixed_graph_replay_matches_cpu(tiny, arch, monkeypatch):
     """Two mixed steps of 30 rows (3 decode rows, chunks of 20 + 7 and 16 + 11 tokens): the first captures the graph
-    of 32 rows and 5 logit rows (2 padding rows into the spare slot), the second replays it with other slots,
-    positions and chunk boundaries. Both against the CPU rounding alike."""
-    from engine.backends.cuda_graphs import ROW_BUCKETS, bucket
-    assert bucket(30, ROW_BUCKETS) == 32 and bucket(5, ROW_BUCKETS) == 5
+    of 32 rows and 32 logit rows (2 padding rows into the spare slot, 27 repeated logit rows), the second replays it
+    with other slots, positions and chunk boundaries. Both against the CPU rounding alike."""
+    from engine.backends.step_shapes import ROW_BUCKETS, bucket, mixed_logit_rows
+    assert bucket(30, ROW_BUCKETS) == 32 and mixed_logit_rows(32, 5) == 32
     rng = np.random.default_rng()
     prompts = [rng.integers(0, N_VOCAB, n).tolist() for n in (5, 11, 8)]
     chunks = [[rng.integers(0, N_VOCAB, n).tolist() for n in pair] for pair in ((20, 7), (16, 11))]
@@ -273,7 +273,7 @@ def test_cuda_mixed_graph_replay_matches_cpu(tiny, arch, monkeypatch):
 def test_cuda_padded_graph_decode_matches_cpu(tiny, arch, monkeypatch):
     """Decode steps of 9 and 13 sequences replay the graphs of 10 and 14 (rows padded into the spare KV slot, their
     logits dropped): the sequences' logits against the CPU rounding alike, and the padding leaves no trace."""
-    from engine.backends.cuda_graphs import decode_bucket
+    from engine.backends.step_shapes import decode_bucket
     assert decode_bucket(9) == 10 and decode_bucket(13) == 14
     rng = np.random.default_rng()
     prompts = [rng.integers(0, N_VOCAB, n).tolist() for n in rng.integers(4, 14, 13)]
@@ -287,3 +287,27 @@ def test_cuda_padded_graph_decode_matches_cpu(tiny, arch, monkeypatch):
     assert gpu.shape == cpu.shape == (3 * 9 + 3 * 13, N_VOCAB)
     assert nmse(gpu, cpu) < Q8_1_BOUND
     assert_argmax_near_ties(gpu, cpu)
+
+
+@pytest.mark.gpu
+def test_cuda_server_warm_up_captures_every_graph_it_reaches(tiny):
+    """After the engine core's warm-up, a burst of requests of mixed prompt lengths (steps of every kind: batched
+    prefill, mixed, decode of falling batch sizes) captures no further decode or mixed graph."""
+    from engine.scheduler import Request
+    from engine.sampling import SamplingParams
+    from server.core import CoreConfig, EngineCore
+
+    core = EngineCore(CoreConfig(tiny["llama"], device="cuda", n_parallel=13, n_ctx=64, max_batch_tokens=96))
+    graphs = core.rt.backend.graphs
+    warmed = set(graphs.steps)
+    assert not graphs.failures and all(step is not None for step in graphs.steps.values())
+    rng = np.random.default_rng()
+    for n in rng.integers(3, 30, 20):
+        req = Request(rng.integers(0, N_VOCAB, n).tolist(), SamplingParams(temperature=0.8, seed=1),
+                      max_tokens=int(rng.integers(1, 20)), ignore_eos=True)
+        core.sched.submit(req, lambda ev: None)
+    while core.sched.step():
+        pass
+    assert core.sched.stats.requests_finished == 20
+    assert set(graphs.steps) == warmed
+    assert graphs.replays["mixed"] > 0 and graphs.replays["decode"] > 0

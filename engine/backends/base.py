@@ -76,6 +76,9 @@ class KVCache:
             v[dst, :n] = v[src, :n]
 
 
+WARM_UP_CHUNK = 32     # prefill rows of a warm-up step
+
+
 class Backend:
     """The interface; see backends/cpu.py for the reference semantics of each operation."""
     name = "abstract"
@@ -155,6 +158,13 @@ class Backend:
         """One forward pass of the model: -> logits [n_out, n_vocab] (None when no rows are asked for).
         The CUDA backend replays decode steps as CUDA graphs here."""
         return model.forward(batch, cache)
+
+    def warm_up_shapes(self, n_seq: int, max_rows: int) -> list[tuple[int, int]]:
+        """(decode rows, prefill rows) of the steps a server runs before its first request so that none waits for a
+        compiler or a graph capture: here a prefill chunk, a mixed step and decode steps of one and of every
+        slot."""
+        chunk = min(WARM_UP_CHUNK, max_rows)
+        return [(0, chunk)] + ([(1, chunk)] if n_seq > 1 else []) + [(b, 0) for b in sorted({1, n_seq})]
 
     def argmax(self, logits) -> np.ndarray:
         """Row-wise argmax of backend logits [n, n_vocab] -> int64 [n] (the first maximum, as numpy)."""

@@ -18,6 +18,7 @@ from ..gguf import TensorInfo
 from ..quants import dequantize
 from .base import Backend, Batch, KVCache
 from .cuda_graphs import StepGraphs, graphs_enabled
+from .step_shapes import warm_up_shapes
 
 
 _swiglu = cp.ElementwiseKernel("float32 g, float32 u", "float32 y", "y = g / (1.0f + expf(-g)) * u", "engine_swiglu")
@@ -53,6 +54,12 @@ class CUDABackend(Backend):
             return self.graphs.run(model, batch, cache)
         with self.stream:
             return model.forward(batch, cache)
+
+    def warm_up_shapes(self, n_seq: int, max_rows: int) -> list[tuple[int, int]]:
+        shapes = super().warm_up_shapes(n_seq, max_rows)
+        if self.graphs is None:
+            return shapes
+        return shapes[:1] + warm_up_shapes(n_seq, max_rows)
 
     # -- host arrays of the batch, copied once per forward --------------------------------------------------------
     def bind(self, arr: np.ndarray, dev: cp.ndarray) -> None:

@@ -8,9 +8,10 @@ slots from device memory, so one graph serves every step of its shape.
   (DECODE_BUCKETS), captured at its first step. A step of fewer sequences than its bucket is padded with rows that
   write the KV cache's spare slot (cache.pad_slot) and whose logits are dropped.
 - mixed: decode rows beside short prefill chunks (a server's step: at most MAX_MIXED_ROWS rows, MAX_MIXED_PREFILL of
-  them prefill), captured at first sight per (rows, logit rows) bucket (ROW_BUCKETS), padded likewise (extra logit
-  rows repeat the last). Attention then takes every row as its own query over the cache (Batch.per_row), so the
+  them prefill), one graph per row bucket (ROW_BUCKETS), padded likewise; its logit rows are padded to
+  mixed_logit_rows() (extra rows repeat the last), so one graph serves every step of that many rows. Attention then takes every row as its own query over the cache (Batch.per_row), so the
   launches depend on the row count alone.
+- A server captures every decode and mixed graph it can reach before its first request (warm_up_shapes()).
 - prefill: ubatches of one sequence (at least MIN_PREFILL tokens at consecutive positions, the last token's logits
   or none), one graph per length, captured the second time that length comes (the ubatch size of a long prompt, a
   client's repeated prompt length; the MAX_PREFILL_GRAPHS most recent kept). Their kernels are the eager step's.
@@ -35,16 +36,7 @@ import cupy as cp
 import numpy as np
 
 from .base import Batch
-
-# Up to 64 columns every weight type of the test and benchmark models takes MMVQ or MMQ (cuda/dispatch.py); above,
-# some take dequantize + cuBLAS, whose f16 copy of a weight lives in the graphs' pool (the largest one weight's).
-DECODE_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64)
-ROW_BUCKETS = DECODE_BUCKETS + (80, 96, 112, 128)
-MAX_DECODE_BATCH = DECODE_BUCKETS[-1]
-MAX_MIXED_ROWS = ROW_BUCKETS[-1]
-MAX_MIXED_PREFILL = 64       # a replayed mixed step's prefill rows, each reading its keys alone (no tiling)
-MIN_PREFILL = 2
-MAX_PREFILL_GRAPHS = 16
+from .step_shapes import DECODE_BUCKETS, MAX_PREFILL_GRAPHS, ROW_BUCKETS, bucket, mixed_logit_rows, step_kind
 
 
 @dataclass
@@ -60,34 +52,6 @@ class CapturedStep:
 
 def graphs_enabled() -> bool:
     return os.environ.get("ENGINE_CUDA_GRAPHS", "1") != "0"
-
-
-def bucket(n: int, buckets: tuple[int, ...] = DECODE_BUCKETS) -> int:
-    """The graph size n rows are padded to."""
-    return next(b for b in buckets if b >= n)
-
-
-def decode_bucket(n: int) -> int:
-    """The graph batch size a decode step of n sequences is padded to."""
-    return bucket(n, DECODE_BUCKETS)
-
-
-def step_kind(batch: Batch) -> str | None:
-    """"decode", "mixed", "last" (a prefill ubatch wanting its last logits), "fill" (one only filling the cache), or
-    None (runs eagerly)."""
-    n, rows = len(batch.tokens), batch.logit_rows
-    if 0 < n <= MAX_DECODE_BATCH and len(batch.seq_ranges) == n and len(rows) == n and \
-            bool(np.all(rows == np.arange(n))):
-        return "decode"
-    if batch.is_one_run():
-        if n >= MIN_PREFILL and len(rows) == 0:
-            return "fill"
-        if n >= MIN_PREFILL and len(rows) == 1 and rows[0] == n - 1:
-            return "last"
-        return None
-    if n <= MAX_MIXED_ROWS and 0 < len(rows) <= MAX_MIXED_ROWS and batch.prefill_rows() <= MAX_MIXED_PREFILL:
-        return "mixed"
-    return None
 
 
 class StepGraphs:
@@ -119,7 +83,7 @@ class StepGraphs:
             if kind == "decode":
                 logit_rows = np.arange(size, dtype=np.int32)
             else:
-                extra = bucket(n_out, ROW_BUCKETS) - n_out
+                extra = mixed_logit_rows(size, n_out) - n_out
                 logit_rows = np.concatenate([logit_rows, np.full(extra, logit_rows[-1], np.int32)])
         key = (id(model), id(cache), kind, host.shape[1], len(logit_rows))
         table = self.steps if padded else self.prefill
