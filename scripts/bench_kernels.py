@@ -157,7 +157,7 @@ def main():
             x = cp.asarray(rng.standard_normal((n, K)).astype(np.float32))
             paths = [choose_path(w0, n)]
             if args.compare and info.quantized and n > 8:
-                paths = (["mmvq"] if n <= launch.MMVQ_MAX_COLS else []) + (["mmq"] if n >= 16 else []) + ["dequant"]
+                paths = (["mmvq"] if n <= launch.mmvq_max_cols(int(t)) else []) + (["mmq"] if n >= 16 else []) + ["dequant"]
             out = cp.empty((n, M), cp.float32)
             for path in paths:
                 call_us = time_call(lambda i: mul_mat(ws[i % len(ws)], x, path=path), args.reps)

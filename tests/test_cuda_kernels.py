@@ -80,7 +80,7 @@ def test_dequantize(t):
 def test_mul_mat_quantized(t):
     import cupy as cp
     from engine.cuda.dispatch import choose_path, mul_mat
-    from engine.cuda.launch import MMVQ_MAX_COLS
+    from engine.cuda.launch import mmvq_max_cols
     rng = np.random.default_rng()
     for m, k in shapes(t):
         w, wref = random_weight(t, m, k, rng)
@@ -89,7 +89,7 @@ def test_mul_mat_quantized(t):
             _, xq = q8_1_ref(x)
             ref = xq @ wref.T
             xd = cp.asarray(x)
-            paths = [None, "mmq", "dequant"] + (["mmvq"] if n <= MMVQ_MAX_COLS else [])
+            paths = [None, "mmq", "dequant"] + (["mmvq"] if n <= mmvq_max_cols(int(t)) else [])
             for path in paths:
                 out = cp.full((n, m), cp.nan, cp.float32)
                 y = mul_mat(w, xd, path=path, out=out).get()
@@ -150,8 +150,9 @@ def test_mul_mat_float(t):
 @pytest.mark.parametrize("kernel", ["tc", "mma", "pieces", "pairs", "mmvq"])
 def test_q4_K_mmvq_kernels_every_ncols(monkeypatch, kernel):
     """Q4_K through each of its MMVQ kernels (ENGINE_MMVQ_TC / _MMA / _PIECES / _PAIRS) at every column count it
-    takes (9..16: the tensor-core kernels in one launch, the others in two), plain, three matrices in one launch and
-    with the GLU epilogue, against numpy."""
+    takes (9..16: the tensor-core kernels in one launch, the others in two; the tensor-core kernel also past 16, up
+    to 64 columns, in kernels of 24..64 with fewer columns present), plain, three matrices in one launch and with
+    the GLU epilogue, against numpy."""
     import cupy as cp
     from engine.cuda import dispatch, launch
     monkeypatch.setenv("ENGINE_MMVQ_TC", "all" if kernel == "tc" else "0")
@@ -159,6 +160,8 @@ def test_q4_K_mmvq_kernels_every_ncols(monkeypatch, kernel):
     monkeypatch.setenv("ENGINE_MMVQ_PIECES", "all" if kernel == "pieces" else "0")
     monkeypatch.setenv("ENGINE_MMVQ_PAIRS", "1" if kernel == "pairs" else "0")
     ncols = range(1, launch.PAIRS_MAX_COLS + 1) if kernel == "pairs" else range(1, 17)
+    if kernel == "tc":
+        ncols = [*ncols, 17, 23, 24, 31, 32, 40, 47, 56, 63, 64]
     rng = np.random.default_rng()
     # k = 8192: one group of 128 threads per row; k = 256: one super-block per row (the tiny models' q/k/v, gate, up)
     for m, k in shapes(GGMLType.Q4_K) + [(37, 8192), (21, 256)]:
@@ -179,15 +182,15 @@ def test_q4_K_mmvq_kernels_every_ncols(monkeypatch, kernel):
 
 def test_q4_K_mmvq_tc_every_split(monkeypatch):
     """mmvq_tc_q4_K with k cut into 1..7 ranges (ENGINE_MMVQ_TC_SPLITS; the last range's block adds the ranges'
-    sums; at 8 columns the blocks of twice the warps): against numpy, the same bits run to run, and its counters left
-    at zero; plain, q/k/v and GLU."""
+    sums; at 8 columns the blocks of twice the warps; at 20 and 64 the kernels past 16 columns): against numpy, the
+    same bits run to run, and its counters left at zero; plain, q/k/v and GLU."""
     import cupy as cp
     from engine.cuda import dispatch, launch
     monkeypatch.setenv("ENGINE_MMVQ_TC", "all")
     rng = np.random.default_rng()
     m, k = 300, 1792                                               # 3 row blocks of 128, 7 super-blocks per row
     (w, rw), (wk, rk), (wu, ru) = (random_weight(GGMLType.Q4_K, rows, k, rng) for rows in (m, 45, m))
-    for n in (1, 6, 8, 13):
+    for n in (1, 6, 8, 13, 20, 64):
         x = rng.standard_normal((n, k)).astype(np.float32)
         _, xq = q8_1_ref(x)
         gate, up = xq @ rw.T, xq @ ru.T

@@ -82,9 +82,12 @@ def test_rope(backends, neox):
 # (mixed) two sequences in slots 1 and 0: a 6-token prefill continuing at position 3 and a one-token decode at 10,
 # few queries: the split-over-keys kernel; (prefill) 100 tokens of slot 0 from position 20: the tiled prefill
 # kernel; (two) 60 tokens of each of two slots: one warp per query; (decode) two decode steps deep in the context:
-# several chunks of keys per head
+# several chunks of keys per head; (decode_many) 40 sequences' decode rows, rows x heads past the GPU's block slots:
+# the split kernel with one chunk per head; (per_row) a replayed mixed step's layout, 40 rows each its own query
 ATTENTION_BATCHES = {"mixed": ([1] * 6 + [0], list(range(3, 9)) + [10]),
                      "decode": ([0, 1], [100, 90]),
+                     "decode_many": (list(range(40)), [(37 * i) % 120 + 1 for i in range(40)]),
+                     "per_row": ([0, 1] + [2] * 20 + [3] * 18, [50, 7] + list(range(30, 50)) + list(range(100, 118))),
                      "prefill": ([0] * 100, list(range(20, 120))),
                      "two": ([1] * 60 + [0] * 60, list(range(60)) + list(range(5, 65)))}
 
@@ -98,19 +101,20 @@ def test_attention(backends, window, kind, d):
     rng = np.random.default_rng()
     n_head, n_kv, n_ctx = 8, 2, 128
     seq_ids, positions = ATTENTION_BATCHES[kind]
-    n = len(seq_ids)
+    n, n_seq = len(seq_ids), max(2, max(seq_ids) + 1)
     batch = Batch.make(np.zeros(n), positions, seq_ids, np.arange(n))
-    ccache = cpu.kv_cache(1, 2, n_ctx, n_kv, d)
-    history = rng.standard_normal((2, 2, n_ctx, n_kv, d)).astype(np.float32)  # what earlier steps stored
+    batch.per_row = kind == "per_row"
+    ccache = cpu.kv_cache(1, n_seq, n_ctx, n_kv, d)
+    history = rng.standard_normal((2, n_seq, n_ctx, n_kv, d)).astype(np.float32)  # what earlier steps stored
     ccache.k[0][:], ccache.v[0][:] = history[0], history[1]
     q = rng.standard_normal((n, n_head, d)).astype(np.float32)
     k = rng.standard_normal((n, n_kv, d)).astype(np.float32)
     v = rng.standard_normal((n, n_kv, d)).astype(np.float32)
     ref = cpu.attention(q, k, v, ccache, 0, batch, 0.125, window)
     for gpu, bound in [(gpu32, 1e-10), (gpu16, 1e-5)]:
-        gcache = gpu.kv_cache(1, 2, n_ctx, n_kv, d)
-        gcache.k[0][:2] = cp.asarray(history[0]).astype(gcache.k[0].dtype)     # [:2]: past the spare pad slot
-        gcache.v[0][:2] = cp.asarray(history[1]).astype(gcache.v[0].dtype)
+        gcache = gpu.kv_cache(1, n_seq, n_ctx, n_kv, d)
+        gcache.k[0][:n_seq] = cp.asarray(history[0]).astype(gcache.k[0].dtype)     # past them: the spare pad slot
+        gcache.v[0][:n_seq] = cp.asarray(history[1]).astype(gcache.v[0].dtype)
         res = gpu.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), gcache, 0, batch, 0.125, window)
         out = res.get()
         assert nmse(out, ref) < bound, (gpu.kv_dtype, nmse(out, ref))

@@ -18,10 +18,11 @@ def test_sm90_table():
         assert choose_path(small, n, SM90) == "mmvq" and choose_path(large, n, SM90) == "mmvq"
     for t in (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q3_K, GGMLType.Q6_K):  # split-k MMQ
         assert [choose_path(weight(t, 4096, 14336), n, SM90) for n in (17, 64, 65, 512)] == ["mmq"] * 2 + ["dequant"] * 2
-    assert [choose_path(large, n, SM90) for n in (17, 128, 129)] == ["mmq", "mmq", "dequant"]    # mmq_q4_K
+    # Q4_K: mmvq_tc_q4_K up to 64 columns, then mmq_q4_K
+    assert [choose_path(large, n, SM90) for n in (17, 64, 65, 128, 129)] == ["mmvq"] * 2 + ["mmq"] * 2 + ["dequant"]
     for t in (GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.Q2_K, GGMLType.Q5_K, GGMLType.IQ4_XS):  # MMQ slower, or none
         assert choose_path(weight(t, 4096, 14336), 17, SM90) == "dequant"
-    assert choose_path(small, 17, SM90) == "mmq" and choose_path(small, 512, SM90) == "dequant"
+    assert choose_path(small, 17, SM90) == "mmvq" and choose_path(small, 512, SM90) == "dequant"
     assert choose_path(weight(GGMLType.IQ4_XS, 64, 256), 1, SM90) == "mmvq"
     f16 = weight(GGMLType.F16, 4096, 4096)
     assert choose_path(f16, 8, SM90) == "mmvf" and choose_path(f16, 9, SM90) == "cublas"
@@ -37,6 +38,9 @@ def test_forced_paths(monkeypatch):
     assert resolve_path(w, 16) == "mmvq"
     with pytest.raises(ValueError, match="at most 16"):
         resolve_path(w, 17)
+    assert resolve_path(weight(GGMLType.Q4_K, 4096, 4096), 64) == "mmvq"      # Q4_K's tensor-core kernel
+    with pytest.raises(ValueError, match="at most 64"):
+        resolve_path(weight(GGMLType.Q4_K, 4096, 4096), 65)
     monkeypatch.setenv("ENGINE_MUL_MAT_PATH", "bogus")
     with pytest.raises(ValueError, match="unknown mul_mat path"):
         resolve_path(w, 3)

@@ -32,6 +32,9 @@ def norm_threads(d: int) -> int:
     return min(1024, max(32, (d // 2 + 31) // 32 * 32))
 
 
+ATTENTION_TICKETS = 128 * 128     # attention_split's counters: rows x heads of one launch (a mixed step's 128 rows)
+
+
 class CUDABackend(Backend):
     name = "cuda"
 
@@ -43,7 +46,7 @@ class CUDABackend(Backend):
         self._device_arrays: dict[int, tuple[np.ndarray, cp.ndarray]] = {}
         self._bound: dict[int, tuple[np.ndarray, cp.ndarray]] = {}
         self.acts = dispatch.Activations()     # q8_1 / f16 forms of the last activation multiplied
-        self._tickets = cp.zeros(4 * self.n_sm, cp.int32)   # attention_split's counters: n * n_head <= 2 * n_sm
+        self._tickets = cp.zeros(ATTENTION_TICKETS, cp.int32)   # attention_split's counters, one per (row, head)
         self._inv_freq: dict[tuple[float, int], cp.ndarray] = {}
 
     def synchronize(self) -> None:
@@ -175,7 +178,7 @@ class CUDABackend(Backend):
         if batch.per_row:                                            # every row its own query: store all k, v first
             self._kv_store(k, v, seq_ids, positions, ctx)
             n_split = self._n_split(n, n_head)
-            if n_split >= 2:
+            if n_split:
                 return self._attention_split(q, None, None, seq_ids, positions, n_split, ctx)
             out = cp.empty((n, n_head, d), cp.float32)
             self._attention_plain(q, seq_ids, positions, out, ctx)
@@ -183,7 +186,7 @@ class CUDABackend(Backend):
         n_decode = batch.n_single_prefix()                          # leading one-token sequences: decode rows
         if len(batch.seq_ranges) == 1 or n_decode == n:              # one prefill ubatch, or a decode step
             n_split = self._n_split(n, n_head)
-            if n_split >= 2:                                         # few queries: split over the keys
+            if n_split >= 2 or (n_split and n_decode == n):          # few queries, or decode rows: split kernel
                 if n_decode == n:                                    # ... the split kernel stores k, v itself
                     return self._attention_split(q, k, v, seq_ids, positions, n_split, ctx)
                 self._kv_store(k, v, seq_ids, positions, ctx)
@@ -199,7 +202,7 @@ class CUDABackend(Backend):
         if n_decode:                                                 # mixed: the decode rows together ...
             n_split = self._n_split(n_decode, n_head)
             rows = slice(0, n_decode)
-            if n_split >= 2:
+            if n_split:
                 out[rows] = self._attention_split(q[rows], None, None, seq_ids[rows], positions[rows], n_split,
                                                   ctx).reshape(n_decode, n_head, d)
             else:
@@ -211,8 +214,12 @@ class CUDABackend(Backend):
         return out.reshape(n, n_head * d)
 
     def _n_split(self, n: int, n_head: int) -> int:
-        """Key chunks per (token, head) of attention_split: enough blocks for 4 per SM, at most 32."""
-        return min(32, 4 * self.n_sm // (n * n_head))
+        """Key chunks per (token, head) of attention_split: enough blocks for 4 per SM, at most 32, at least 1 (its
+        four warps per (token, head) keep more loads in flight than the one-warp kernel: 40 -> ~10 us per layer
+        of a 16-64 sequence decode step of the 8B); 0 where its counters do not reach the rows x heads."""
+        if n * n_head > ATTENTION_TICKETS:
+            return 0
+        return max(1, min(32, 4 * self.n_sm // (n * n_head)))
 
     @staticmethod
     def _kv_type(cache, layer) -> str:

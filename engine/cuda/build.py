@@ -16,7 +16,8 @@ QTYPES = {"T_Q4_0": 2, "T_Q4_1": 3, "T_Q5_0": 6, "T_Q5_1": 7, "T_Q8_0": 8, "T_Q2
           "T_Q4_K": 12, "T_Q5_K": 13, "T_Q6_K": 14, "T_IQ4_NL": 20, "T_IQ4_XS": 23}
 PIECE_QTYPES = {"T_Q4_K": 12}           # the types mmvq.cu's mmvq_pieces serves (FOR_EACH_PIECE_QTYPE)
 NVRTC_OPTIONS = ("--std=c++17",)
-PREFILL_HEAD_DIMS = (64, 128, 256)     # attention_prefill (attention.cu), attention_prefill_mma instantiations
+PREFILL_HEAD_DIMS = (64, 128, 256)
+TC_WIDE_NCOLS = (24, 32, 40, 48, 56, 64)   # mmvq.cu's mmvq_tc_q4_K past 16 columns (launch.py takes it from here)     # attention_prefill (attention.cu), attention_prefill_mma instantiations
 
 
 class KernelBuildError(RuntimeError):
@@ -41,7 +42,7 @@ def name_expressions(family: str) -> list[str]:
         return [f"{kind}<{t}, {n}, {g}>" for kind, types in (("mmvq", qtypes), ("mmvq_pieces", PIECE_QTYPES.values()))
                 for t in types for n in range(1, 9) for g in range(3)] + [
             f"mmvq_mma_q4_K<{n}, {g}>" for n in range(1, 17) for g in range(3)] + [
-            f"mmvq_tc_q4_K<{n}, {g}>" for n in range(1, 17) for g in range(3)] + [
+            f"mmvq_tc_q4_K<{n}, {g}>" for n in (*range(1, 17), *TC_WIDE_NCOLS) for g in range(3)] + [
             f"mmvq_q4_K_pairs<1, {g}>" for g in range(3)]
     if family == "mmvf":
         return [f"mmvf<{w}, {n}, {v}>" for w, vec in (("float", 4), ("u16", 8)) for n in range(1, 9)

@@ -28,7 +28,7 @@ from .weights import GPUWeight
 _MMQ_MAX_SM90 = {int(t): 64 for t in (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q3_K, GGMLType.Q6_K)}
 _MMQ_MAX_SM90[int(GGMLType.Q4_K)] = 128
 THRESHOLDS = {
-    (9, 0): {"mmvq_max": {}, "mmvq_default": 16, "mmq_max": _MMQ_MAX_SM90, "mmq_default": 0},
+    (9, 0): {"mmvq_max": {int(GGMLType.Q4_K): 64}, "mmvq_default": 16, "mmq_max": _MMQ_MAX_SM90, "mmq_default": 0},
 }
 # Architectures not measured: no MMQ (its tiles take more shared memory per block than sm_86 / sm_89 have, 99 KB).
 OTHER_ARCH = {"mmvq_max": {}, "mmvq_default": 16, "mmq_max": {}, "mmq_default": 0}
@@ -48,7 +48,7 @@ def choose_path(w: GPUWeight, n: int, arch: tuple[int, int] | None = None) -> st
     if int(w.type) not in SUPPORTED_QTYPES:
         return "dequant"
     table = THRESHOLDS.get(arch or _arch(), OTHER_ARCH)
-    if n <= table["mmvq_max"].get(int(w.type), table["mmvq_default"]):
+    if n <= min(table["mmvq_max"].get(int(w.type), table["mmvq_default"]), launch.mmvq_max_cols(int(w.type))):
         return "mmvq"
     return "mmq" if n <= table["mmq_max"].get(int(w.type), table["mmq_default"]) else "dequant"
 
@@ -89,8 +89,8 @@ class Activations:
 def resolve_path(w: GPUWeight, n: int, path: str | None = None) -> str:
     """The path a mul_mat of n columns takes: forced (argument, ENGINE_MUL_MAT_PATH) or chosen."""
     path = path or os.environ.get("ENGINE_MUL_MAT_PATH") or choose_path(w, n)
-    if path == "mmvq" and n > launch.MMVQ_MAX_COLS:
-        raise ValueError(f"MMVQ takes at most {launch.MMVQ_MAX_COLS} columns")
+    if path == "mmvq" and n > launch.mmvq_max_cols(int(w.type)):
+        raise ValueError(f"MMVQ takes at most {launch.mmvq_max_cols(int(w.type))} columns of this type")
     if path in ("mmvq", "mmq") and not w.quantized:
         path = "mmvf" if n <= 8 else "cublas"
     if path not in PATHS:

@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from .build import PIECE_QTYPES, QTYPES, kernel
+from .build import PIECE_QTYPES, QTYPES, TC_WIDE_NCOLS, kernel
 from .weights import GPUWeight
 
 MMQ_BM, MMQ_BN = 128, 64
@@ -54,6 +54,9 @@ MMVQT_WARPS = 8                                     # kernels/mmvq.cu: warps (16
 MMVQT_BLOCKS_PER_SM = 2                             # its blocks an SM holds (128 registers per thread)
 MMVQT_WIDE_FROM = 6                                 # ... from this many columns to 8: twice the warps, one block per SM
 MMVQT_MAX_RANGE = 16                                # super-blocks per k range at most (its shared memory)
+TC_MAX_COLS = 64                                    # mmvq_tc_q4_K takes up to this many columns in one launch ...
+# ... past 16 as the kernel of the next of build.TC_WIDE_NCOLS (multiples of 8)
+MMVQT_SMEM_MAX = 227 * 1024                         # an sm_90 block's dynamic shared memory at most
 
 
 def _use_tc(t: int, n: int, weights: int = 0, k: int = 0) -> bool:
@@ -70,6 +73,26 @@ def _use_tc(t: int, n: int, weights: int = 0, k: int = 0) -> bool:
 
 def _mmvqt_wide(ncols: int) -> bool:
     return MMVQT_WIDE_FROM <= ncols <= 8
+
+
+def mmvqt_ncols(n: int) -> int:
+    """The NCOLS of the mmvq_tc_q4_K kernel that takes n columns: n up to 16, past it the next of TC_WIDE_NCOLS."""
+    return n if n <= 16 else next(c for c in TC_WIDE_NCOLS if c >= n)
+
+
+def mmvq_max_cols(t: int) -> int:
+    """Columns one MMVQ mul_mat of type t takes at most: TC_MAX_COLS where mmvq_tc_q4_K serves it, else
+    MMVQ_MAX_COLS."""
+    return TC_MAX_COLS if _use_tc(t, TC_MAX_COLS) else MMVQ_MAX_COLS
+
+
+def mmvqt_max_range(ncols: int) -> int:
+    """Super-blocks per k range of an mmvq_tc_q4_K launch at ncols (a kernel's NCOLS) at most: MMVQT_MAX_RANGE, or
+    past 16 columns as many as its shared memory holds."""
+    per = MMVQT_MAX_RANGE
+    while ncols > 16 and per > 1 and mmvqt_smem_bytes(256 * per, ncols, 1) > MMVQT_SMEM_MAX:
+        per -= 1
+    return per
 
 
 def mmvqt_warps(ncols: int) -> int:
@@ -89,13 +112,14 @@ def mmvqt_rows(glu: int, ncols: int) -> int:
 
 
 def mmvqt_splits(row_blocks: int, k: int, ncols: int) -> int:
-    """k ranges of an mmvq_tc_q4_K launch of row_blocks row blocks at ncols columns: enough blocks to fill the SMs'
-    block slots, each range at most MMVQT_MAX_RANGE super-blocks, none empty; ENGINE_MMVQ_TC_SPLITS=N asks for N."""
+    """k ranges of an mmvq_tc_q4_K launch of row_blocks row blocks at ncols columns (a kernel's NCOLS): enough blocks
+    to fill the SMs' block slots, each range at most mmvqt_max_range(ncols) super-blocks, none empty;
+    ENGINE_MMVQ_TC_SPLITS=N asks for N."""
     nsb = k // 256
     forced = os.environ.get("ENGINE_MMVQ_TC_SPLITS")
-    per_sm = 1 if _mmvqt_wide(ncols) else MMVQT_BLOCKS_PER_SM
+    per_sm = 1 if _mmvqt_wide(ncols) or ncols > 16 else MMVQT_BLOCKS_PER_SM
     want = int(forced) if forced else round(_sm_count() * per_sm / row_blocks)
-    splits = min(nsb, max(1, want, -(-nsb // MMVQT_MAX_RANGE)))
+    splits = min(nsb, max(1, want, -(-nsb // mmvqt_max_range(ncols))))
     per = -(-nsb // splits)
     return -(-nsb // per)
 
@@ -134,8 +158,8 @@ def _mmvqt_scratch(part_floats: int, row_blocks: int) -> tuple:
 MMA_TYPES = frozenset({12})                          # Q4_K: served by mmvq_mma_q4_K where mmvq_tc_q4_K is not ...
 MMA_MIN_COLS = 9                                    # ... from this many columns (slower than the others at 1..8)
 MMVQM_WARPS = 16                                    # kernels/mmvq.cu: warps per mmvq_mma_q4_K block
-MMVQ_MAX_COLS = 16      # columns a mul_mat takes on MMVQ: the Q4_K tensor-core kernels in one launch, the others 8 per
-                        # launch
+MMVQ_MAX_COLS = 16      # columns a mul_mat takes on MMVQ: Q4_K's mma kernel in one launch, the others 8 per launch
+                        # (Q4_K's tensor-core kernel: TC_MAX_COLS, mmvq_max_cols)
 KERNEL_MAX_COLS = 8     # columns mmvq and mmvq_pieces take per launch
 
 
@@ -213,7 +237,7 @@ def mmvq_choice(t: int, n: int, glu: int, weights: int = 0, k: int = 0) -> tuple
     columns (glu: 0, or 1 / 2 for the silu / gelu epilogue) in a launch reading `weights` weights (rows x k). For
     mmvq_tc_q4_K: its rows per block, no groups function and no threads (mmvq_launches has its launch rule)."""
     if _use_tc(t, n, weights, k):
-        return f"mmvq_tc_q4_K<{n}, {glu}>", mmvqt_rows(glu, n), None, None
+        return f"mmvq_tc_q4_K<{mmvqt_ncols(n)}, {glu}>", mmvqt_rows(glu, mmvqt_ncols(n)), None, None
     if _use_mma(t, n):
         return f"mmvq_mma_q4_K<{n}, {glu}>", 16, _one_group, 32 * MMVQM_WARPS
     if _use_pieces(t, n):
@@ -229,17 +253,17 @@ def _mmvq_kernel(t: int, n: int, glu: int, weights: int, k: int) -> tuple:
 
 
 def column_groups(t: int, n: int) -> list[tuple[int, int]]:
-    """(first column, columns) of each MMVQ launch for type t at n <= MMVQ_MAX_COLS columns: one launch where a kernel
+    """(first column, columns) of each MMVQ launch for type t at n <= mmvq_max_cols(t) columns: one launch where a kernel
     takes all n, else groups of KERNEL_MAX_COLS (each reads the weights again)."""
-    if not 1 <= n <= MMVQ_MAX_COLS:
-        raise ValueError(f"MMVQ takes 1..{MMVQ_MAX_COLS} columns, not {n}")
+    if not 1 <= n <= mmvq_max_cols(t):
+        raise ValueError(f"MMVQ takes 1..{mmvq_max_cols(t)} columns of this type, not {n}")
     if n <= KERNEL_MAX_COLS or _use_mma(t, n) or _use_tc(t, n):
         return [(0, n)]
     return [(j, min(KERNEL_MAX_COLS, n - j)) for j in range(0, n, KERNEL_MAX_COLS)]
 
 
 def mmvq(w: GPUWeight, qs, ds, n: int, out=None):
-    """y [n, m] = x W^T for n <= MMVQ_MAX_COLS columns (activations from quantize_q8_1)."""
+    """y [n, m] = x W^T for n <= mmvq_max_cols(w.type) columns (activations from quantize_q8_1)."""
     return mmvq_multi([w], qs, ds, n, [out])[0]
 
 
@@ -264,12 +288,14 @@ def mmvq_launches(ws: list[GPUWeight], qs, ds, n: int, ys: list, glu: int = 0) -
         fn, rows, groups_for, threads = _mmvq_kernel(t, nj, glu, sum(w.m for w in ws) * k, k)
         xs = (qs[j:j + nj], ds[j:j + nj], [y[j:j + nj] for y in ys])
         if groups_for is None:                        # mmvq_tc_q4_K: row blocks x k ranges, partial sums, counters
+            nt = mmvqt_ncols(nj)
             row_blocks = sum((w.m + rows - 1) // rows for w in served)
-            splits = mmvqt_splits(row_blocks, k, nj)
-            smem = mmvqt_smem_bytes(k, nj, splits)
-            part, counters = _mmvqt_scratch(row_blocks * splits * mmvqt_rows(0, nj) * mmvqt_sums_cols(nj), row_blocks)
+            splits = mmvqt_splits(row_blocks, k, nt)
+            smem = mmvqt_smem_bytes(k, nt, splits)
+            part, counters = _mmvqt_scratch(row_blocks * splits * mmvqt_rows(0, nt) * mmvqt_sums_cols(nt), row_blocks)
             launches.append((functools.partial(_with_smem(fn, smem), shared_mem=smem), (row_blocks, splits),
-                             (32 * mmvqt_warps(nj),), mmvq_args(ws, *xs, splits, bool(glu)) + (part, counters)))
+                             (32 * mmvqt_warps(nt),), mmvq_args(ws, *xs, splits, bool(glu)) + (part, counters,
+                                                                                            np.int32(nj))))
             continue
         groups = groups_for(t, sum(w.m for w in served), k)
         per_block = groups * rows

@@ -580,7 +580,9 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 }
 
 // ---- Tensor-core MMVQ for Q4_K over k ranges (mmvq_tc_q4_K): same arguments, matrices, GLU and output as mmvq,
-// 1..16 columns, plus a partial-sum scratch and one counter per row block; groups = the k ranges ("splits").
+// 1..16 columns, plus a partial-sum scratch and one counter per row block; groups = the k ranges ("splits"); and
+// the launch's column count, which past 16 columns may be below NCOLS (then a multiple of 8, 24..64: one kernel per
+// B-tile count, launch.TC_WIDE_NCOLS), the missing columns read as zeros and never written.
 // Block (x, z) serves 16 x mmvqt_warps(NCOLS) consecutive rows (128; 256 at 6..8 columns, where sharing the activations
 // among more rows pays; with GLU half as many rows of the gate and the up matrix) over k range z, one 16-row tile per
 // warp (GLU: warps 2i and 2i + 1 take tile i's gate and up rows). The block first copies its k range's
@@ -619,7 +621,9 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 // warps (16-row tiles) per block, and blocks per SM the registers must allow, at NCOLS columns (launch.mmvqt_warps)
 __host__ __device__ constexpr bool mmvqt_wide(int ncols) { return ncols >= MMVQT_WIDE_FROM && ncols <= 8; }
 __host__ __device__ constexpr int mmvqt_warps(int ncols) { return mmvqt_wide(ncols) ? 2 * MMVQT_WARPS : MMVQT_WARPS; }
-__host__ __device__ constexpr int mmvqt_min_blocks(int ncols) { return mmvqt_wide(ncols) ? 1 : MMVQT_MIN_BLOCKS; }
+__host__ __device__ constexpr int mmvqt_min_blocks(int ncols) {   // past 16 columns shared memory allows one
+    return mmvqt_wide(ncols) || ncols > 16 ? 1 : MMVQT_MIN_BLOCKS;
+}
 #ifndef MMVQT_STAGES
 #define MMVQT_STAGES 2                         // super-blocks of a warp's tile in flight (their lines) + 1
 #endif
@@ -787,8 +791,9 @@ __device__ __forceinline__ void q4k_tile_dot(const Q4KTileRows& r, const signed 
 
 template <int NCOLS, int GLU>
 __global__ void __launch_bounds__(mmvqt_warps(NCOLS) * 32, mmvqt_min_blocks(NCOLS))
-mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) {
+mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters, int ncols_arg) {
     constexpr int WARPS = mmvqt_warps(NCOLS);
+    const int ncols = NCOLS <= 16 ? NCOLS : ncols_arg;           // the columns present (<= NCOLS)
     constexpr int NB = (NCOLS + 7) / 8, C8 = 8 * NB;              // C8: the B tiles' columns
     constexpr int LD = mmvqt_sums_cols(NCOLS);                    // a row's sums (launch.mmvqt_sums_cols)
     constexpr int ROWS = 16 * WARPS / (GLU ? 2 : 1);              // output rows per block (launch.mmvqt_rows)
@@ -818,7 +823,7 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
     for (int i = threadIdx.x; i < chunks * C8 * 2 && !(MMVQT_DIAG & 1); i += blockDim.x) {   // 16-byte halves of
         const int c = i / (C8 * 2), col = (i >> 1) % C8, half = i & 1;                   // (chunk, column)
         signed char* dst = xq + (c * C8 + col) * 32 + 16 * half;
-        if (col < NCOLS) cp_async16_at(smem_addr(dst), qs + (long long)col * k + (chunk0 + c) * 32 + 16 * half);
+        if (col < ncols) cp_async16_at(smem_addr(dst), qs + (long long)col * k + (chunk0 + c) * 32 + 16 * half);
         else *(uint4*)dst = make_uint4(0u, 0u, 0u, 0u);
     }
     cp_async_commit();                                            // the activations: the oldest group
@@ -827,21 +832,26 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
             if (i < count) stager.lines_through(win_at, tile, next_line, sb0 + i, lane);
             cp_async_commit();
         }
-    constexpr int DS_MAX = (MMVQT_MAX_RANGE * 8 * C8 + WARPS * 32 - 1) / (WARPS * 32);
-    float4 dsq[DS_MAX];                                           // the lane's (chunk, column) d_x, sums: all loads
-#pragma unroll                                                    // in flight, then the stores
-    for (int e = 0; e < DS_MAX; ++e) {
-        const int i = threadIdx.x + e * blockDim.x, c = i / C8, col = i % C8;
-        dsq[e] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (i < chunks * C8 && col < NCOLS && !(MMVQT_DIAG & 1))
-            dsq[e] = *(const float4*)(ds + (long long)col * (k >> 4) + 2 * (chunk0 + c));
-    }
+    // the lane's (chunk, column) d_x and sums: DS_MAX loads in flight, then their stores (all of the range at once
+    // up to 16 columns; past 16, rounds of 8)
+    constexpr int DS_ALL = (MMVQT_MAX_RANGE * 8 * C8 + WARPS * 32 - 1) / (WARPS * 32);
+    constexpr int DS_MAX = NCOLS <= 16 ? DS_ALL : 8;
+    for (int base = 0; base < chunks * C8; base += DS_MAX * WARPS * 32) {
+        float4 dsq[DS_MAX];
 #pragma unroll
-    for (int e = 0; e < DS_MAX; ++e) {
-        const int i = threadIdx.x + e * blockDim.x, c = i / C8;
-        if (i < chunks * C8) {
-            dxs[i] = c & 1 ? dsq[e].x * 0.0625f : dsq[e].x;
-            sxs[i] = dsq[e].y + dsq[e].w;
+        for (int e = 0; e < DS_MAX; ++e) {
+            const int i = base + threadIdx.x + e * blockDim.x, c = i / C8, col = i % C8;
+            dsq[e] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (i < chunks * C8 && col < ncols && !(MMVQT_DIAG & 1))
+                dsq[e] = *(const float4*)(ds + (long long)col * (k >> 4) + 2 * (chunk0 + c));
+        }
+#pragma unroll
+        for (int e = 0; e < DS_MAX; ++e) {
+            const int i = base + threadIdx.x + e * blockDim.x, c = i / C8;
+            if (i < chunks * C8) {
+                dxs[i] = c & 1 ? dsq[e].x * 0.0625f : dsq[e].x;
+                sxs[i] = dsq[e].y + dsq[e].w;
+            }
         }
     }
     if (live) cp_async_wait<MMVQT_STAGES - 1>();                  // this thread's activation copies have landed
@@ -948,7 +958,7 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters) 
 #pragma unroll
             for (int c = 0; c < V; ++c) {
                 const float v = GLU ? glu_act(GLU, a[u].v[c]) * up[u].v[c] : a[u].v[c];
-                if (idx < GROUPS && row0 + rr < m && (LD == NCOLS || j + c < NCOLS))   // (not the padding)
+                if (idx < GROUPS && row0 + rr < m && j + c < ncols)            // (not the padding)
                     y[(long long)(j + c) * m + row0 + rr] = v;
             }
         }
@@ -980,13 +990,15 @@ INSTANTIATE_MMVQM_N(9) INSTANTIATE_MMVQM_N(10) INSTANTIATE_MMVQM_N(11) INSTANTIA
 INSTANTIATE_MMVQM_N(13) INSTANTIATE_MMVQM_N(14) INSTANTIATE_MMVQM_N(15) INSTANTIATE_MMVQM_N(16)
 #endif
 #define INSTANTIATE_MMVQT_G(N, G) template __global__ void mmvq_tc_q4_K<N, G>(MMVQ_PARAM_TYPES, float* __restrict__, \
-    int* __restrict__);
+    int* __restrict__, int);
 #define INSTANTIATE_MMVQT_N(N) INSTANTIATE_MMVQT_G(N, 0) INSTANTIATE_MMVQT_G(N, 1) INSTANTIATE_MMVQT_G(N, 2)
 #ifndef MMVQ_SKIP_TC
 INSTANTIATE_MMVQT_N(1) INSTANTIATE_MMVQT_N(2) INSTANTIATE_MMVQT_N(3) INSTANTIATE_MMVQT_N(4)
 INSTANTIATE_MMVQT_N(5) INSTANTIATE_MMVQT_N(6) INSTANTIATE_MMVQT_N(7) INSTANTIATE_MMVQT_N(8)
 INSTANTIATE_MMVQT_N(9) INSTANTIATE_MMVQT_N(10) INSTANTIATE_MMVQT_N(11) INSTANTIATE_MMVQT_N(12)
 INSTANTIATE_MMVQT_N(13) INSTANTIATE_MMVQT_N(14) INSTANTIATE_MMVQT_N(15) INSTANTIATE_MMVQT_N(16)
+INSTANTIATE_MMVQT_N(24) INSTANTIATE_MMVQT_N(32) INSTANTIATE_MMVQT_N(40) INSTANTIATE_MMVQT_N(48)   // launch.TC_WIDE_NCOLS
+INSTANTIATE_MMVQT_N(56) INSTANTIATE_MMVQT_N(64)
 #endif
 #define FOR_EACH_PIECE_QTYPE(X) X(T_Q4_K)        // the types with a piece<T> (build.py PIECE_QTYPES)
 #if defined(MMVQ_ONLY_PAIRS)                          // a benchmark's variant build of mmvq_q4_K_pairs alone
