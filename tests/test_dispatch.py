@@ -18,8 +18,8 @@ def test_sm90_table():
         assert choose_path(small, n, SM90) == "mmvq" and choose_path(large, n, SM90) == "mmvq"
     for t in (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q3_K, GGMLType.Q6_K):  # split-k MMQ
         assert [choose_path(weight(t, 4096, 14336), n, SM90) for n in (17, 64, 65, 512)] == ["mmq"] * 2 + ["dequant"] * 2
-    # Q4_K: mmvq_tc_q4_K up to 64 columns, then mmq_q4_K
-    assert [choose_path(large, n, SM90) for n in (17, 64, 65, 128, 129)] == ["mmvq"] * 2 + ["mmq"] * 2 + ["dequant"]
+    # Q4_K: mmvq_tc_q4_K up to 32 columns, then mmq_q4_K
+    assert [choose_path(large, n, SM90) for n in (17, 32, 33, 128, 129)] == ["mmvq"] * 2 + ["mmq"] * 2 + ["dequant"]
     for t in (GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.Q2_K, GGMLType.Q5_K, GGMLType.IQ4_XS):  # MMQ slower, or none
         assert choose_path(weight(t, 4096, 14336), 17, SM90) == "dequant"
     assert choose_path(small, 17, SM90) == "mmvq" and choose_path(small, 512, SM90) == "dequant"

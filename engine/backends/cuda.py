@@ -12,7 +12,7 @@ import numpy as np
 
 from ..cuda import dispatch, launch
 from ..cuda import sampling as device_sampling
-from ..cuda.build import PREFILL_HEAD_DIMS, kernel
+from ..cuda.build import ATTENTION_HEAD_CHUNKS, PREFILL_HEAD_DIMS, kernel
 from ..cuda.weights import GPUWeight, upload
 from ..gguf import TensorInfo
 from ..quants import dequantize
@@ -30,6 +30,12 @@ _geglu = cp.ElementwiseKernel(
 def norm_threads(d: int) -> int:
     """Threads of a norm block (kernels/rms_norm.cu): about two values each, a multiple of 32, at most 1024."""
     return min(1024, max(32, (d // 2 + 31) // 32 * 32))
+
+
+def attention_head_chunks(head_dim: int) -> int:
+    """The MAXE of the attention / attention_split kernel taking head_dim (kernels/attention.cu): the fewest 32-value
+    chunks of build.ATTENTION_HEAD_CHUNKS holding it (registers for the keys loaded together)."""
+    return next(e for e in ATTENTION_HEAD_CHUNKS if 32 * e >= head_dim)
 
 
 ATTENTION_TICKETS = 128 * 128     # attention_split's counters: rows x heads of one launch (a mixed step's 128 rows)
@@ -247,7 +253,7 @@ class CUDABackend(Backend):
         out = cp.empty((n, n_head, d), cp.float32)
         part = cp.empty((n, n_head, n_split, d + 2), cp.float32)     # per chunk: max, sum, output[head_dim]
         q8 = (cp.empty((n, n_head * d), cp.int8), cp.empty((n, n_head * d // 8), cp.float32))  # out as q8_1
-        kernel("attention", f"attention_split<{self._kv_type(cache, layer)}>")(
+        kernel("attention", f"attention_split<{self._kv_type(cache, layer)}, {attention_head_chunks(d)}>")(
             (n, n_head, n_split), (32, 4),
             (q, cache.k[layer], cache.v[layer], out, *self._tail(q, seq_ids, positions, ctx), part,
              self._tickets, *q8, *((k, v) if k is not None else (np.uint64(0),) * 2)))
@@ -257,8 +263,8 @@ class CUDABackend(Backend):
 
     def _attention_plain(self, q, seq_ids, positions, out, ctx) -> None:
         cache, layer, _, _ = ctx
-        n, n_head, _ = q.shape
-        kernel("attention", f"attention<{self._kv_type(cache, layer)}>")(
+        n, n_head, d = q.shape
+        kernel("attention", f"attention<{self._kv_type(cache, layer)}, {attention_head_chunks(d)}>")(
             (n, n_head), (32,), (q, cache.k[layer], cache.v[layer], out, *self._tail(q, seq_ids, positions, ctx)))
 
     def _attention_run(self, q, seq_ids, positions, ctx):

@@ -16,8 +16,9 @@ QTYPES = {"T_Q4_0": 2, "T_Q4_1": 3, "T_Q5_0": 6, "T_Q5_1": 7, "T_Q8_0": 8, "T_Q2
           "T_Q4_K": 12, "T_Q5_K": 13, "T_Q6_K": 14, "T_IQ4_NL": 20, "T_IQ4_XS": 23}
 PIECE_QTYPES = {"T_Q4_K": 12}           # the types mmvq.cu's mmvq_pieces serves (FOR_EACH_PIECE_QTYPE)
 NVRTC_OPTIONS = ("--std=c++17",)
-PREFILL_HEAD_DIMS = (64, 128, 256)
-TC_WIDE_NCOLS = (24, 32, 40, 48, 56, 64)   # mmvq.cu's mmvq_tc_q4_K past 16 columns (launch.py takes it from here)     # attention_prefill (attention.cu), attention_prefill_mma instantiations
+PREFILL_HEAD_DIMS = (64, 128, 256)     # attention_prefill (attention.cu), attention_prefill_mma instantiations
+TC_WIDE_NCOLS = (24, 32, 40, 48, 56, 64)   # mmvq.cu's mmvq_tc_q4_K past 16 columns (launch.py takes it from here)
+ATTENTION_HEAD_CHUNKS = (2, 4, 8)      # attention.cu's attention / attention_split: head_dim / 32 up to this many
 
 
 class KernelBuildError(RuntimeError):
@@ -58,7 +59,9 @@ def name_expressions(family: str) -> list[str]:
     if family == "rms_norm":
         return ["rms_norm", "add_rms_norm"]
     if family == "attention":
-        return [f"{k}<{t}>" for k in ("kv_store", "attention", "attention_split") for t in ("u16", "float")] + [
+        return [f"kv_store<{t}>" for t in ("u16", "float")] + [
+            f"{k}<{t}, {e}>" for k in ("attention", "attention_split") for t in ("u16", "float")
+            for e in ATTENTION_HEAD_CHUNKS] + [
             f"attention_prefill<float, {d}>" for d in PREFILL_HEAD_DIMS]
     if family == "attention_mma":
         return [f"attention_prefill_mma<{d}>" for d in PREFILL_HEAD_DIMS]

@@ -25,10 +25,12 @@ from .weights import GPUWeight
 # (110 / 122; the others 143-165 / 111-124), and at 256 none (q4_K 202 / 131; 382 / 161 at 512). MMQ multiplies
 # q8_1-rounded activations, as MMVQ does up to 16 columns; dequantize+cuBLAS keeps f16 activations for the long
 # prefill ubatches (where llama.cpp's MMQ costs a KL of 0.0157 from the exact model and this chain 0.00006).
+# Q4_K's tensor-core MMVQ (mmvq_tc_q4_K) past 16 columns, same shape (graph-timed): 21.7 / 29.8 / 36.7 / 57.6 /
+# 56.8 / 83.2 us at 16 / 24 / 32 / 40 / 48 / 64 against mmq_q4_K's 57.5-59.4, so MMVQ takes Q4_K up to 32.
 _MMQ_MAX_SM90 = {int(t): 64 for t in (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q3_K, GGMLType.Q6_K)}
 _MMQ_MAX_SM90[int(GGMLType.Q4_K)] = 128
 THRESHOLDS = {
-    (9, 0): {"mmvq_max": {int(GGMLType.Q4_K): 64}, "mmvq_default": 16, "mmq_max": _MMQ_MAX_SM90, "mmq_default": 0},
+    (9, 0): {"mmvq_max": {int(GGMLType.Q4_K): 32}, "mmvq_default": 16, "mmq_max": _MMQ_MAX_SM90, "mmq_default": 0},
 }
 # Architectures not measured: no MMQ (its tiles take more shared memory per block than sm_86 / sm_89 have, 99 KB).
 OTHER_ARCH = {"mmvq_max": {}, "mmvq_default": 16, "mmq_max": {}, "mmq_default": 0}

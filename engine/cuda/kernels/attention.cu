@@ -7,7 +7,8 @@
 // attention: one warp per (query token, head); the warp streams the keys p-window+1..p of the token's sequence
 // (p = its position), each lane holding head_dim/32 of q and of the output, with an online softmax in fp32.
 //   q : [n, n_head, head_dim] f32; out : [n, n_head, head_dim] f32; seq_ids, positions : [n] int32
-//   Launch rule: grid (n, n_head), block 32; head_dim a multiple of 32, at most 256.
+//   Launch rule: grid (n, n_head), block 32; head_dim a multiple of 32, at most 32 * MAXE (2, 4 or 8: the
+//   instantiation taking head_dim, backends/cuda.py attention_head_chunks).
 //
 // attention_split: the same attention for few query tokens (decode), split over the keys so that
 // n * n_head * n_split blocks fill the GPU. Block z of a (token, head) takes the z-th of n_split equal chunks of the
@@ -57,14 +58,55 @@ __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ 
     cache_v[dst] = kv_cast<KV>(v[t]);
 }
 
-// One warp's online softmax over keys j0, j0 + step, ... < j1: updates (m, l, acc).
-template <typename KV>
+// One warp's online softmax over keys j0, j0 + step, ... < j1: updates (m, l, acc). Keys go ATTN_KEYS at a time:
+// their k and v rows loaded together (the loads of a key no longer wait for the previous key's softmax: a decode
+// step's attention is bound by that latency), then one max and one rescale for the group; the rest one by one.
+#define ATTN_KEYS 4
+template <typename KV, int MAXE>
 __device__ __forceinline__ void attend_keys(const KV* kb, const KV* vb, long long stride,
                                             int j0, int j1, int step, const float* qv, float* acc, float& m,
                                             float& l, int per, int lane) {
-    constexpr int MAXE = 8;
-    for (int j = j0; j < j1; j += step) {
-        const KV* kr = kb + j * stride;
+    int j = j0;
+    for (; j + (ATTN_KEYS - 1) * step < j1; j += ATTN_KEYS * step) {
+        float kx[ATTN_KEYS][MAXE], vx[ATTN_KEYS][MAXE], s[ATTN_KEYS];
+#pragma unroll
+        for (int u = 0; u < ATTN_KEYS; ++u) {
+            const KV* kr = kb + (long long)(j + u * step) * stride;
+            const KV* vr = vb + (long long)(j + u * step) * stride;
+#pragma unroll
+            for (int e = 0; e < MAXE; ++e)
+                if (e < per) { kx[u][e] = kv_load<KV>(kr + e * 32 + lane); vx[u][e] = kv_load<KV>(vr + e * 32 + lane); }
+        }
+#pragma unroll
+        for (int u = 0; u < ATTN_KEYS; ++u) {
+            s[u] = 0.f;
+#pragma unroll
+            for (int e = 0; e < MAXE; ++e) if (e < per) s[u] += qv[e] * kx[u][e];
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int u = 0; u < ATTN_KEYS; ++u) s[u] += __shfl_xor_sync(0xffffffffu, s[u], o);
+        float m_new = m;
+#pragma unroll
+        for (int u = 0; u < ATTN_KEYS; ++u) m_new = fmaxf(m_new, s[u]);
+        const float corr = expf(m - m_new);
+        float p[ATTN_KEYS], psum = 0.f;
+#pragma unroll
+        for (int u = 0; u < ATTN_KEYS; ++u) { p[u] = expf(s[u] - m_new); psum += p[u]; }
+        l = l * corr + psum;
+#pragma unroll
+        for (int e = 0; e < MAXE; ++e)
+            if (e < per) {
+                float a = acc[e] * corr;
+#pragma unroll
+                for (int u = 0; u < ATTN_KEYS; ++u) a += p[u] * vx[u][e];
+                acc[e] = a;
+            }
+        m = m_new;
+    }
+    for (; j < j1; j += step) {
+        const KV* kr = kb + (long long)j * stride;
         float s = 0.f;
 #pragma unroll
         for (int e = 0; e < MAXE; ++e) if (e < per) s += qv[e] * kv_load<KV>(kr + e * 32 + lane);
@@ -72,19 +114,18 @@ __device__ __forceinline__ void attend_keys(const KV* kb, const KV* vb, long lon
         const float m_new = fmaxf(m, s);
         const float corr = expf(m - m_new), pj = expf(s - m_new);
         l = l * corr + pj;
-        const KV* vr = vb + j * stride;
+        const KV* vr = vb + (long long)j * stride;
 #pragma unroll
         for (int e = 0; e < MAXE; ++e) if (e < per) acc[e] = acc[e] * corr + pj * kv_load<KV>(vr + e * 32 + lane);
         m = m_new;
     }
 }
 
-template <typename KV>
+template <typename KV, int MAXE>                       // MAXE: head_dim / 32 at most (build.ATTENTION_HEAD_CHUNKS)
 __global__ void __launch_bounds__(32)
 attention(const float* __restrict__ q, const KV* __restrict__ cache_k, const KV* __restrict__ cache_v,
           float* __restrict__ out, const int* __restrict__ seq_ids, const int* __restrict__ positions,
           int n_head, int n_kv, int head_dim, int n_ctx, float scale, int window) {
-    constexpr int MAXE = 8;                            // head_dim / 32 <= 8
     const int tok = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
     const int per = head_dim / 32, kvh = h / (n_head / n_kv);
     const int p = positions[tok];
@@ -96,20 +137,20 @@ attention(const float* __restrict__ q, const KV* __restrict__ cache_k, const KV*
     const long long base = ((long long)seq_ids[tok] * n_ctx) * n_kv * head_dim + (long long)kvh * head_dim;
     const long long stride = (long long)n_kv * head_dim;
     float m = NEG_INF, l = 0.f;
-    attend_keys<KV>(cache_k + base, cache_v + base, stride, lo, p + 1, 1, qv, acc, m, l, per, lane);
+    attend_keys<KV, MAXE>(cache_k + base, cache_v + base, stride, lo, p + 1, 1, qv, acc, m, l, per, lane);
     float* oh = out + ((long long)tok * n_head + h) * head_dim;
 #pragma unroll
     for (int e = 0; e < MAXE; ++e) if (e < per) oh[e * 32 + lane] = acc[e] / l;
 }
 
-template <typename KV>
+template <typename KV, int MAXE>
 __global__ void __launch_bounds__(128)
 attention_split(const float* __restrict__ q, KV* cache_k, KV* cache_v,
                 float* __restrict__ out, const int* __restrict__ seq_ids, const int* __restrict__ positions,
                 int n_head, int n_kv, int head_dim, int n_ctx, float scale, int window, float* __restrict__ part,
                 int* __restrict__ counters, signed char* __restrict__ qs, float2* __restrict__ ds,
                 const float* __restrict__ k_new, const float* __restrict__ v_new) {
-    constexpr int MAXE = 8, WARPS = 4;
+    constexpr int WARPS = 4;
     __shared__ float s_m[WARPS], s_l[WARPS], s_acc[WARPS][MAXE * 32];
     const int tok = blockIdx.x, h = blockIdx.y, z = blockIdx.z, n_split = gridDim.z;
     const int lane = threadIdx.x, w = threadIdx.y;
@@ -134,7 +175,7 @@ attention_split(const float* __restrict__ q, KV* cache_k, KV* cache_v,
         __syncthreads();
     }
     float m = NEG_INF, l = 0.f;
-    attend_keys<KV>(cache_k + base, cache_v + base, (long long)n_kv * head_dim, j0 + w, j1, WARPS, qv, acc, m, l,
+    attend_keys<KV, MAXE>(cache_k + base, cache_v + base, (long long)n_kv * head_dim, j0 + w, j1, WARPS, qv, acc, m, l,
                     per, lane);
     if (lane == 0) { s_m[w] = m; s_l[w] = l; }
 #pragma unroll
@@ -278,15 +319,17 @@ attention_prefill(const float* __restrict__ q, const KV* __restrict__ cache_k, c
         int, float, int);
 INSTANTIATE_PREFILL(float, 64) INSTANTIATE_PREFILL(float, 128) INSTANTIATE_PREFILL(float, 256)
 
-#define INSTANTIATE_ATTENTION(KV) \
-    template __global__ void kv_store<KV>(const float* __restrict__, const float* __restrict__, KV* __restrict__, \
-        KV* __restrict__, const int* __restrict__, const int* __restrict__, int, int, int); \
-    template __global__ void attention<KV>(const float* __restrict__, const KV* __restrict__, \
+#define INSTANTIATE_ATTENTION_E(KV, E) \
+    template __global__ void attention<KV, E>(const float* __restrict__, const KV* __restrict__, \
         const KV* __restrict__, float* __restrict__, const int* __restrict__, const int* __restrict__, int, int, \
         int, int, float, int); \
-    template __global__ void attention_split<KV>(const float* __restrict__, KV*, KV*, float* __restrict__, \
+    template __global__ void attention_split<KV, E>(const float* __restrict__, KV*, KV*, float* __restrict__, \
         const int* __restrict__, const int* __restrict__, int, int, int, int, float, int, float* __restrict__, \
         int* __restrict__, signed char* __restrict__, float2* __restrict__, const float* __restrict__, \
         const float* __restrict__);
+#define INSTANTIATE_ATTENTION(KV) \
+    template __global__ void kv_store<KV>(const float* __restrict__, const float* __restrict__, KV* __restrict__, \
+        KV* __restrict__, const int* __restrict__, const int* __restrict__, int, int, int); \
+    INSTANTIATE_ATTENTION_E(KV, 2) INSTANTIATE_ATTENTION_E(KV, 4) INSTANTIATE_ATTENTION_E(KV, 8)
 INSTANTIATE_ATTENTION(u16)
 INSTANTIATE_ATTENTION(float)
