@@ -159,6 +159,7 @@ def test_q4_K_mmvq_kernels_every_ncols(monkeypatch, kernel):
     monkeypatch.setenv("ENGINE_MMVQ_MMA", "all" if kernel == "mma" else "0")
     monkeypatch.setenv("ENGINE_MMVQ_PIECES", "all" if kernel == "pieces" else "0")
     monkeypatch.setenv("ENGINE_MMVQ_PAIRS", "1" if kernel == "pairs" else "0")
+    monkeypatch.setenv("ENGINE_MUL_MAT_PATH", "mmvq")             # mul_mats and glu too, past the dispatch table's n
     ncols = range(1, launch.PAIRS_MAX_COLS + 1) if kernel == "pairs" else range(1, 17)
     if kernel == "tc":
         ncols = [*ncols, 17, 23, 24, 31, 32, 40, 47, 56, 63, 64]
@@ -187,6 +188,7 @@ def test_q4_K_mmvq_tc_every_split(monkeypatch):
     import cupy as cp
     from engine.cuda import dispatch, launch
     monkeypatch.setenv("ENGINE_MMVQ_TC", "all")
+    monkeypatch.setenv("ENGINE_MUL_MAT_PATH", "mmvq")             # mul_mats and glu too, past the dispatch table's n
     rng = np.random.default_rng()
     m, k = 300, 1792                                               # 3 row blocks of 128, 7 super-blocks per row
     (w, rw), (wk, rk), (wu, ru) = (random_weight(GGMLType.Q4_K, rows, k, rng) for rows in (m, 45, m))
