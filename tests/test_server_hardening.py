@@ -1,4 +1,5 @@
 """What no request may do to the server: stop it, freeze it, or get anything but an OpenAI error body."""
+import collections
 import json
 import os
 import random
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from test_server import PROMPT, start_server
 
@@ -202,6 +205,60 @@ def test_fuzzed_requests(server):
             method, path, raw = mutated_request(rng)
             r = http.request(method, path, content=raw, headers={"content-type": "application/json"})
             assert not bad_answer(r), (seed, i, method, path, raw[:200], r.status_code, r.text[:300])
+        assert http.post("/v1/completions", json=greedy).json()["choices"][0]["text"] == before
+
+
+REQUEST_FIELDS = ["prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+                  "min_p", "seed", "n", "stop", "logprobs", "top_logprobs", "echo", "stream", "stream_options",
+                  "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "ignore_eos", "user",
+                  "logit_bias", "response_format", "tools", "tool_choice", "content", "tokens", "model", "suffix"]
+LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "n")
+
+
+def json_values():
+    """Any JSON value: scalars of every kind (big integers, NaN and inf floats, unicode text), nested a few deep."""
+    scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30)
+    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) |
+                        st.dictionaries(st.text(max_size=10), inner, max_size=4), max_leaves=8)
+
+
+@st.composite
+def request_bodies(draw):
+    """(path, body): a valid request of some route with fields added, replaced by any JSON value, or dropped."""
+    from fuzz_requests import VALID
+    path, body = draw(st.sampled_from(VALID))
+    body = json.loads(json.dumps(body))
+    for key in draw(st.lists(st.sampled_from(REQUEST_FIELDS) | st.text(max_size=12), max_size=4)):
+        body[key] = draw(json_values())
+    for key in draw(st.lists(st.sampled_from(sorted(body)), max_size=2, unique=True)) if body else []:
+        body.pop(key, None)
+    for key in LENGTH_FIELDS:            # bounded, so that a valid draw generates a few tokens, not thousands
+        if isinstance(body.get(key), int) and not isinstance(body[key], bool) and body[key] > 4:
+            body[key] = body[key] % 5
+    return path, body
+
+
+def test_hypothesis_requests(server):
+    """Property: any body hypothesis draws gets a 200 or a 4xx with an OpenAI error body, never a 5xx, a dropped
+    connection or a hang; and a greedy request answers the same afterwards."""
+    from fuzz_requests import bad_answer
+    base, _ = server
+    greedy = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0}
+    statuses = collections.Counter()
+    with httpx.Client(base_url=base, timeout=60) as http:
+        before = http.post("/v1/completions", json=greedy).json()["choices"][0]["text"]
+
+        @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(case=request_bodies())
+        def check(case):
+            path, body = case
+            raw = json.dumps(body, allow_nan=True).encode()
+            r = http.post(path, content=raw, headers={"content-type": "application/json"})
+            statuses[r.status_code] += 1
+            assert not bad_answer(r), (path, raw[:300], r.status_code, r.text[:300])
+
+        check()
+        assert statuses[200] >= 10 and statuses[400] >= 10, statuses      # both sides of the line were reached
         assert http.post("/v1/completions", json=greedy).json()["choices"][0]["text"] == before
 
 
