@@ -246,7 +246,7 @@ def cmd_serve(args) -> int:
         if value is not None and value < (0 if name == "max_queue" else 1):
             return _fail(f"--{name.replace('_', '-')} must be >= {0 if name == 'max_queue' else 1}")
     core = CoreConfig(model, device=args.device, n_parallel=args.parallel, n_ctx=args.ctx, n_ubatch=args.ubatch,
-                      max_batch_tokens=args.max_batch_tokens, kv_f32=args.kv_f32)
+                      max_batch_tokens=args.max_batch_tokens, kv_f32=args.kv_f32, prefix_cache=args.prefix_cache)
     cfg = ServerConfig(core, api_key=_api_key(args), model_id=args.model if args.model in hub.MODELS else None,
                        max_body_bytes=int(args.max_body_mb * (1 << 20)), max_queue=args.max_queue,
                        stall_s=args.core_timeout, cors=args.cors, metrics_key=args.metrics_key)
@@ -312,6 +312,9 @@ def _sampling_and_runtime_args(s) -> None:
     s.add_argument("--ctx", type=int, default=None, help="context length (default: the model's, at most 4096)")
     s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
     s.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
+    s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   help="prefill every prompt whole (default: a prompt prefix another request left in a KV slot, "
+                        "or a running sequence has, is reused)")
 
 
 class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
@@ -367,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ubatch", type=int, default=512)
     s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
     s.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
+    s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   help="prefill every prompt whole (default: a prompt prefix another request left in a KV slot, "
+                        "or a running sequence has, is reused)")
     s.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server", formatter_class=defaults)
@@ -389,6 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens one scheduler step runs: a token per decoding sequence plus prompt chunks "
                         "(default: --ubatch)")
     s.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
+    s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   help="prefill every prompt whole (default: a prompt prefix another request left in a KV slot, "
+                        "or a running sequence has, is reused)")
     s.add_argument("--api-key", default=None, help="require this key (also --api-key-file, or $ENGINE_API_KEY)")
     s.add_argument("--api-key-file", default=None, help="a file whose content is the API key")
     s.add_argument("--metrics-key", default=None, help="require this key on /metrics (open otherwise)")

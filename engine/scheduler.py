@@ -10,6 +10,12 @@ step, so a queue of prompts is prefilled together and decoding sequences keep th
 in chunk by chunk. A request whose prompt equals a running sequence's (the n choices of one request) copies that
 sequence's prompt cache and logits instead of prefilling. Requests beyond the free slots wait in a FIFO queue.
 
+Prefix caching (on unless prefix_cache=False): a free slot keeps the tokens of the request that last used it, and a
+new request takes the free slot whose tokens share the longest prefix with its prompt, or copies a longer prefix
+(at least MIN_COPY_PREFIX tokens) from a running or prefilling sequence's slot, and prefills only the rest; a request
+sharing such a prefix with a prompt still being prefilled waits until that prefix is in the cache (the requests
+behind it go ahead). Slots are reused least recently freed first, so a cached prefix lives as long as it can.
+
 on_event receives a TokenEvent per generated token and one FinishEvent. Every per-sequence failure (its sampling,
 its event handler, copying a shared prompt) finishes that sequence with an error event; a failed forward ends the
 sequences of that step; the step loop itself never stops.
@@ -27,6 +33,17 @@ import numpy as np
 from .runtime import ContextLengthError, Runtime
 from .sampling import Sampler, SamplingParams
 
+MIN_COPY_PREFIX = 32     # prompt tokens worth copying from another sequence's slot (fewer are prefilled)
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray, limit: int) -> int:
+    """How many leading tokens a and b share, at most limit."""
+    m = min(len(a), len(b), limit)
+    if m <= 0:
+        return 0
+    diff = np.flatnonzero(a[:m] != b[:m])
+    return int(diff[0]) if len(diff) else m
+
 
 @dataclass
 class Request:
@@ -42,6 +59,7 @@ class TokenEvent:
     token: int
     logprob: float | None = None
     top: list[tuple[int, float]] | None = None
+    cached_tokens: int = 0              # the first token's event: prompt tokens taken from the KV cache
 
 
 @dataclass
@@ -50,6 +68,7 @@ class FinishEvent:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None
+    cached_tokens: int = 0              # prompt tokens taken from the KV cache instead of prefilled
 
 
 @dataclass
@@ -60,6 +79,8 @@ class _Seq:
     slot: int = -1
     pos: int = 0                       # tokens in the KV cache
     prefilled: int = 0                 # prompt tokens already in the KV cache
+    cached: int = 0                    # of them, taken from a cache (a slot's earlier request, another sequence)
+    prompt_ids: np.ndarray | None = None   # [len(prompt)] int32, for prefix matching
     sampler: Sampler | None = None
     history: list[int] = field(default_factory=list)   # prompt + generated tokens (the penalties' window)
     generated: int = 0
@@ -75,6 +96,8 @@ class Stats:
     requests_failed: int = 0
     prompt_tokens_total: int = 0
     prompt_tokens_shared: int = 0      # prompt tokens copied from a running sequence's cache instead of prefilled
+    prompt_tokens_cached: int = 0      # prompt tokens found by prefix caching (a slot's tokens, or copied)
+    prefix_cache_hits: int = 0         # requests that prefilled less thanks to prefix caching
     generated_tokens_total: int = 0
     steps: int = 0
     decode_steps: int = 0              # steps with decode rows only
@@ -85,10 +108,12 @@ class Stats:
 
 
 class Scheduler:
-    def __init__(self, runtime: Runtime, max_batch_tokens: int | None = None):
+    def __init__(self, runtime: Runtime, max_batch_tokens: int | None = None, prefix_cache: bool = True):
         self.rt = runtime
         self.max_batch_tokens = max(1, max_batch_tokens or runtime.n_ubatch)
-        self.free_slots = list(range(runtime.n_seq))
+        self.prefix_cache = prefix_cache
+        self.free_slots = list(range(runtime.n_seq))     # least recently freed first
+        self.slot_tokens: dict[int, np.ndarray] = {}     # free slot -> the tokens its KV cache holds
         self.waiting: deque[_Seq] = deque()
         self.prefilling: list[_Seq] = []
         self.running: list[_Seq] = []
@@ -148,31 +173,83 @@ class Scheduler:
             self._finish(s, "cancelled")
 
     def _admit(self) -> None:
-        """Waiting requests take free slots, oldest first; one whose prompt a running sequence has shares it, one
-        whose prompt is being prefilled waits for that (and so do the requests behind it)."""
+        """Waiting requests take free slots, oldest first (see the module's docstring): one whose prompt a running
+        sequence has shares it; one whose prompt (or a long prefix of it) is being prefilled waits for that while the
+        requests behind it go ahead; the others take a slot by prefix (_place)."""
+        held: deque[_Seq] = deque()
         while self.waiting and self.free_slots:
-            seq = self.waiting[0]
+            seq = self.waiting.popleft()
             prompt = seq.req.prompt
-            if any(s.req.prompt == prompt for s in self.prefilling):
-                return
-            self.waiting.popleft()
-            seq.slot = self.free_slots.pop()
+            if seq.prompt_ids is None:
+                seq.prompt_ids = np.asarray(prompt, np.int32)
+            if any(self._waits_for(seq, s) for s in self.prefilling):
+                held.append(seq)
+                continue
             seq.history = list(prompt)
             donor = next((s for s in self.running if s.prompt_logits is not None and s.req.prompt == prompt), None)
             try:
                 seq.sampler = Sampler(seq.req.params)
                 if donor is not None:
+                    seq.slot = self._take_slot(self.free_slots[0])
                     self._share(seq, donor)
                     continue
+                self._place(seq)
             except Exception as e:     # this sequence fails alone
                 self._finish(seq, "error", f"{type(e).__name__}: {e}")
                 continue
             self.prefilling.append(seq)
+        self.waiting = held + self.waiting
+
+    def _waits_for(self, seq: _Seq, other: _Seq) -> bool:
+        """Whether seq should wait for other's prefill: the same prompt (its logits will be shared), or with prefix
+        caching a prefix of at least MIN_COPY_PREFIX tokens other has not prefilled yet."""
+        if seq.req.prompt == other.req.prompt:
+            return True
+        if not self.prefix_cache:
+            return False
+        n = common_prefix(seq.prompt_ids, other.prompt_ids, len(seq.req.prompt) - 1)
+        return n >= MIN_COPY_PREFIX and other.prefilled < n
+
+    def _place(self, seq: _Seq) -> None:
+        """Give seq a free slot and the prompt tokens already in it. The free slot whose cached tokens share the
+        longest prefix with the prompt is taken when nothing else it holds is lost (a conversation's next turn);
+        else that prefix, or a longer one of a live sequence, is copied into the least recently freed slot when it
+        is at least MIN_COPY_PREFIX tokens (the other slot keeps its tokens for a later request); else the least
+        recently freed slot is taken. At least the prompt's last token is left to prefill (its logits)."""
+        limit = len(seq.req.prompt) - 1
+        lru = self.free_slots[0]
+        slot, start, source = lru, 0, None
+        if self.prefix_cache and limit > 0:
+            best, best_n = lru, 0
+            for s in self.free_slots:
+                n = common_prefix(self.slot_tokens.get(s, seq.prompt_ids[:0]), seq.prompt_ids, limit)
+                if n > best_n:
+                    best, best_n = s, n
+            if best_n and (best == lru or best_n == len(self.slot_tokens[best])):
+                slot, start = best, best_n                              # nothing else in it is lost
+            elif best_n >= MIN_COPY_PREFIX:
+                start, source = best_n, best
+            for other in self.prefilling + self.running:
+                n = common_prefix(other.prompt_ids[:other.prefilled], seq.prompt_ids, limit)
+                if n >= MIN_COPY_PREFIX and n > start:
+                    slot, start, source = lru, n, other.slot
+        seq.slot = self._take_slot(slot)
+        if source is not None:
+            self.rt.cache.copy_prefix(source, seq.slot, start)
+        seq.prefilled = seq.cached = start
+        if start:
+            self.stats.prompt_tokens_cached += start
+            self.stats.prefix_cache_hits += 1
+
+    def _take_slot(self, slot: int) -> int:
+        self.free_slots.remove(slot)
+        self.slot_tokens.pop(slot, None)
+        return slot
 
     def _share(self, seq: _Seq, donor: _Seq) -> None:
         n = len(seq.req.prompt)
         self.rt.cache.copy_prefix(donor.slot, seq.slot, n)
-        seq.prefilled = seq.pos = n
+        seq.prefilled = seq.pos = seq.cached = n
         seq.prompt_logits = donor.prompt_logits
         self.stats.prompt_tokens_shared += n
         self.running.append(seq)
@@ -277,7 +354,7 @@ class Scheduler:
         if not req.ignore_eos and self.rt.is_end_of_generation(tid):
             self._finish(seq, "stop")
             return
-        event = TokenEvent(tid)
+        event = TokenEvent(tid, cached_tokens=seq.cached if seq.generated == 0 else 0)
         if lp_row is not None:
             x = lp_row.astype(np.float64)
             lse = x.max() + np.log(np.exp(x - x.max()).sum())
@@ -302,11 +379,15 @@ class Scheduler:
                 queue.remove(seq)
         if seq.slot >= 0:
             self.free_slots.append(seq.slot)
+            if self.prefix_cache and reason != "error":        # what the slot's KV cache holds, for a later prompt
+                held = seq.history[:seq.pos] if seq.pos else seq.req.prompt[:seq.prefilled]
+                if held:
+                    self.slot_tokens[seq.slot] = np.asarray(held, np.int32)
             seq.slot = -1
         seq.prompt_logits = None
         self.stats.requests_finished += 1
         self.stats.requests_failed += reason == "error"
         try:
-            seq.on_event(FinishEvent(reason, len(seq.req.prompt), seq.generated, error))
+            seq.on_event(FinishEvent(reason, len(seq.req.prompt), seq.generated, error, seq.cached))
         except Exception:              # a handler that fails on its last event has nothing left to tell
             pass

@@ -307,7 +307,8 @@ def create_app(cfg: ServerConfig) -> FastAPI:
 
     def usage(mc: MultiChoice) -> dict:
         c = sum(mc.completion_tokens)
-        return {"prompt_tokens": mc.prompt_tokens, "completion_tokens": c, "total_tokens": mc.prompt_tokens + c}
+        return {"prompt_tokens": mc.prompt_tokens, "completion_tokens": c, "total_tokens": mc.prompt_tokens + c,
+                "prompt_tokens_details": {"cached_tokens": mc.cached_tokens}}
 
     def log_generation(request: Request, status: int, mc: MultiChoice | None, t0: float) -> None:
         now = time.monotonic()

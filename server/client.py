@@ -192,6 +192,7 @@ class MultiChoice:
         self.finished = [False] * len(requests)
         self.completion_tokens = [0] * len(requests)
         self.prompt_tokens = len(requests[0].prompt)
+        self.cached_tokens = 0                        # prompt tokens the first choice took from the KV cache
         self.merged: asyncio.Queue = asyncio.Queue()
         self.first_token_at: float | None = None
         self.last_token_at = 0.0
@@ -213,6 +214,8 @@ class MultiChoice:
                 i, ev = await self.merged.get()
                 if self.finished[i]:
                     continue
+                if i == 0 and ev.cached:
+                    self.cached_tokens = ev.cached
                 if ev.finish is None:
                     now = time.monotonic()
                     if self.first_token_at is None:

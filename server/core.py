@@ -28,6 +28,7 @@ class CoreConfig:
     max_batch_tokens: int | None = None
     kv_f32: bool = False
     warmup: bool = True
+    prefix_cache: bool = True
 
 
 def run_core(cfg: CoreConfig, in_addr: str, out_addr: str) -> None:
@@ -88,7 +89,7 @@ class EngineCore:
         n_seq = cfg.n_parallel or default_parallel(cfg)
         self.rt = Runtime.load(cfg.model, device=cfg.device, n_ctx=cfg.n_ctx, n_seq=n_seq,
                                n_ubatch=cfg.n_ubatch, kv_f32=cfg.kv_f32)
-        self.sched = Scheduler(self.rt, cfg.max_batch_tokens)
+        self.sched = Scheduler(self.rt, cfg.max_batch_tokens, cfg.prefix_cache)
         self.seq_of: dict[int, int] = {}          # request id -> scheduler sequence id
         self.events: list[Event] = []
         if cfg.warmup:
@@ -177,9 +178,9 @@ class EngineCore:
         def on_event(ev) -> None:
             if isinstance(ev, FinishEvent):
                 self.seq_of.pop(rid, None)
-                self.events.append(Event(rid, -1, finish=ev.reason, error=ev.error))
+                self.events.append(Event(rid, -1, finish=ev.reason, error=ev.error, cached=ev.cached_tokens))
             else:
-                self.events.append(Event(rid, ev.token, ev.logprob, ev.top))
+                self.events.append(Event(rid, ev.token, ev.logprob, ev.top, cached=ev.cached_tokens))
         return on_event
 
     def stats(self) -> CoreStats:
@@ -187,4 +188,5 @@ class EngineCore:
         return CoreStats(st.requests_total, st.requests_finished, st.requests_failed, len(s.running) +
                          len(s.prefilling), s.queue_length, st.prompt_tokens_total, st.prompt_tokens_shared,
                          st.generated_tokens_total, st.steps, round(st.tokens_per_second, 3), len(s.free_slots),
-                         st.prefill_steps, st.decode_step_seconds, st.prefill_step_seconds)
+                         st.prefill_steps, st.decode_step_seconds, st.prefill_step_seconds, st.prompt_tokens_cached,
+                         st.prefix_cache_hits)

@@ -56,6 +56,7 @@ class Event(msgspec.Struct, array_like=True):
     top: list[tuple[int, float]] | None = None
     finish: str | None = None           # "stop" | "length" | "cancelled" | "error" | "rejected"
     error: str | None = None
+    cached: int = 0                     # prompt tokens the request took from the KV cache (first token, end)
 
 
 class CoreStats(msgspec.Struct, array_like=True):
@@ -73,6 +74,8 @@ class CoreStats(msgspec.Struct, array_like=True):
     prefill_steps: int = 0
     decode_step_seconds: float = 0.0
     prefill_step_seconds: float = 0.0
+    prompt_tokens_cached: int = 0
+    prefix_cache_hits: int = 0
 
 
 class Outputs(msgspec.Struct, tag=True):

@@ -124,3 +124,61 @@ def test_no_request_stops_the_step_loop(model):
     assert broken[-1].reason == "error" and "handler failed" in broken[-1].error
     assert sorted(sched.free_slots) == [0, 1, 2, 3] and not sched.running
     assert sched.stats.prompt_tokens_shared == 6
+
+
+def greedy_tokens(events):
+    return [e.token for e in events if isinstance(e, TokenEvent)]
+
+
+def run_all(sched):
+    while sched.step():
+        pass
+
+
+def test_prefix_cache_reuses_a_finished_requests_slot(model):
+    """A second prompt sharing 40 tokens with a finished one prefills only the rest (the first token's event and the
+    stats say so), and both sequences' greedy tokens equal a scheduler's without the cache; a multi-turn follow-up
+    (the first prompt, its answer, a new turn) reuses everything but the answer's last token."""
+    rng = np.random.default_rng()
+    system = rng.integers(0, N_VOCAB, 40).tolist()
+    q1, q2 = rng.integers(0, N_VOCAB // 2, 5).tolist(), rng.integers(N_VOCAB // 2, N_VOCAB, 6).tolist()   # part at 40
+    outputs = {}
+    for cache in (True, False):
+        sched = Scheduler(Runtime.load(model, device="cpu", n_ctx=128, n_seq=2, n_ubatch=16), prefix_cache=cache)
+        first, second, third = [], [], []
+        sched.submit(Request(system + q1, SamplingParams(temperature=0), 5, ignore_eos=True), collect(first))
+        run_all(sched)
+        sched.submit(Request(system + q2, SamplingParams(temperature=0), 5, ignore_eos=True), collect(second))
+        run_all(sched)
+        follow_up = system + q1 + greedy_tokens(first) + q2
+        sched.submit(Request(follow_up, SamplingParams(temperature=0), 5, ignore_eos=True), collect(third))
+        run_all(sched)
+        outputs[cache] = [greedy_tokens(ev) for ev in (first, second, third)]
+        cached = [ev[0].cached_tokens for ev in (first, second, third)]
+        assert cached == ([0, 40, 40 + 5 + 4] if cache else [0, 0, 0]), cached
+        assert [ev[-1].cached_tokens for ev in (first, second, third)] == cached
+        assert sched.stats.prefix_cache_hits == (2 if cache else 0)
+        assert sched.stats.prompt_tokens_cached == (89 if cache else 0)
+    assert outputs[True] == outputs[False]
+
+
+def test_prefix_cache_shares_a_prefix_being_prefilled(model):
+    """Four prompts with one 40-token system prefix, submitted together: the first prefills it, the other three wait
+    and copy it (computed once), while an unrelated request behind them is admitted at once; every sequence's greedy
+    tokens equal its run alone."""
+    rng = np.random.default_rng()
+    system = rng.integers(0, N_VOCAB, 40).tolist()
+    prompts = [system + [i] + rng.integers(0, N_VOCAB, 3 + i).tolist() for i in range(4)]   # they part at token 40
+    other = rng.integers(0, N_VOCAB, 7).tolist()
+    refs = [list(Runtime.load(model, device="cpu", n_ctx=128).generate(p, SamplingParams(temperature=0), 4,
+                                                                       ignore_eos=True)) for p in prompts + [other]]
+    sched = Scheduler(Runtime.load(model, device="cpu", n_ctx=128, n_seq=6, n_ubatch=16))
+    events = [[] for _ in range(5)]
+    for p, ev in zip(prompts + [other], events):
+        sched.submit(Request(p, SamplingParams(temperature=0), 4, ignore_eos=True), collect(ev))
+    sched.step()
+    assert [s.req.prompt for s in sched.prefilling] == [prompts[0], other] and sched.queue_length == 3
+    run_all(sched)
+    assert [greedy_tokens(ev) for ev in events] == refs
+    assert sched.stats.prompt_tokens_cached == 3 * 40 and sched.stats.prefix_cache_hits == 3
+    assert sched.stats.prompt_tokens_total == sum(len(p) for p in prompts + [other])

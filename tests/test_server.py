@@ -159,6 +159,28 @@ def test_models_metrics_health(server, client):
     assert httpx.get(server + "/health").json() == {"status": "ok"}
 
 
+def test_prefix_cache_over_http(server, client):
+    """A second chat with the same long system prompt reuses its KV cache: usage.prompt_tokens_details.cached_tokens
+    and engine:prefix_cache_hits say so, and the answer is the one a server without the cache gives (the first
+    chat's, for the same messages)."""
+    def metric(name):
+        lines = httpx.get(server + "/metrics").text.splitlines()
+        return float(next(line.split()[1] for line in lines if line.startswith(name + " ")))
+    system = {"role": "system", "content": "You are a careful assistant. " * 12}
+    hits = metric("engine:prefix_cache_hits_total")
+    first = client.chat.completions.create(model="smollm2-135m", max_tokens=5, temperature=0,
+                                           messages=[system, {"role": "user", "content": "Name a colour."}])
+    second = client.chat.completions.create(model="smollm2-135m", max_tokens=5, temperature=0,
+                                            messages=[system, {"role": "user", "content": "Name a fruit."}])
+    again = client.chat.completions.create(model="smollm2-135m", max_tokens=5, temperature=0,
+                                           messages=[system, {"role": "user", "content": "Name a colour."}])
+    assert second.usage.prompt_tokens_details.cached_tokens >= 60
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert metric("engine:prefix_cache_hits_total") >= hits + 2
+    assert metric("engine:prompt_tokens_cached_total") > 0
+
+
 @pytest.mark.parametrize("body,status,param", [
     ('{"prompt": "x", "max_tokens": ', 400, None),                                   # malformed JSON
     ('{"prompt": "x", "max_tokens": "many"}', 400, "max_tokens"),
