@@ -52,6 +52,7 @@ class Request:
     max_tokens: int = 128
     ignore_eos: bool = False
     top_logprobs: int | None = None     # None: no log-probs; 0: the chosen token's only; k: also the k best
+    grammar: str | None = None          # structured output: an llguidance grammar (engine/grammar.py compile_grammar)
 
 
 @dataclass
@@ -82,6 +83,7 @@ class _Seq:
     cached: int = 0                    # of them, taken from a cache (a slot's earlier request, another sequence)
     prompt_ids: np.ndarray | None = None   # [len(prompt)] int32, for prefix matching
     sampler: Sampler | None = None
+    constraint: object = None          # engine.grammar.Constraint when the request has a grammar
     history: list[int] = field(default_factory=list)   # prompt + generated tokens (the penalties' window)
     generated: int = 0
     last: int = -1                     # the token the next decode step feeds
@@ -189,6 +191,8 @@ class Scheduler:
             donor = next((s for s in self.running if s.prompt_logits is not None and s.req.prompt == prompt), None)
             try:
                 seq.sampler = Sampler(seq.req.params)
+                if seq.req.grammar is not None:
+                    seq.constraint = self._constraint(seq.req.grammar)
                 if donor is not None:
                     seq.slot = self._take_slot(self.free_slots[0])
                     self._share(seq, donor)
@@ -240,6 +244,11 @@ class Scheduler:
         if start:
             self.stats.prompt_tokens_cached += start
             self.stats.prefix_cache_hits += 1
+
+    def _constraint(self, grammar: str):
+        from .grammar import Constraint, grammar_tokenizer
+        n_vocab = self.rt.config.n_vocab
+        return Constraint(grammar_tokenizer(self.rt.tokenizer, n_vocab), grammar, n_vocab)
 
     def _take_slot(self, slot: int) -> int:
         self.free_slots.remove(slot)
@@ -319,23 +328,31 @@ class Scheduler:
             st.tokens_per_second = rate if st.steps == 1 else 0.9 * st.tokens_per_second + 0.1 * rate
 
     def _sample_and_emit(self, seqs: list[_Seq], logits) -> None:
-        """Sample one token for each sequence from its row of logits [len(seqs), n_vocab], report them."""
+        """Sample one token for each sequence from its row of logits [len(seqs), n_vocab], report them. Rows of
+        sequences with a grammar are sampled on the host from the tokens their grammar allows."""
         if not seqs:
             return
+        B = self.rt.backend
         lp_rows = [i for i, s in enumerate(seqs) if s.req.top_logprobs is not None]
-        host = self.rt.backend.to_numpy(self.rt.backend.rows(logits, np.array(lp_rows, np.int32))) if lp_rows \
-            else None                                                     # before the penalties change the rows
-        try:
-            tokens = self.rt.backend.sample(logits, [s.sampler for s in seqs], [s.history for s in seqs])
-        except Exception:              # find the failing rows: sample each alone
-            tokens = []
-            for i, s in enumerate(seqs):
-                try:
-                    row = self.rt.backend.rows(logits, np.array([i], np.int32))
-                    tokens.append(int(self.rt.backend.sample(row, [s.sampler], [s.history])[0]))
-                except Exception as e:
-                    self._finish(s, "error", f"sampling failed: {type(e).__name__}: {e}")
-                    tokens.append(-1)
+        host = B.to_numpy(B.rows(logits, np.array(lp_rows, np.int32))) if lp_rows else None   # before the
+        bound = [i for i, s in enumerate(seqs) if s.constraint is not None]                 # penalties change rows
+        bound_rows = B.to_numpy(B.rows(logits, np.array(bound, np.int32))) if bound else None
+        free = [i for i in range(len(seqs)) if seqs[i].constraint is None]
+        tokens = np.full(len(seqs), -1, np.int64)
+        if free:
+            rows = logits if len(free) == len(seqs) else B.rows(logits, np.array(free, np.int32))
+            tokens[free] = self._sample_rows(rows, [seqs[i] for i in free])
+        for j, i in enumerate(bound):
+            s = seqs[i]
+            try:
+                row = bound_rows[j].astype(np.float32, copy=True)
+                allowed = s.constraint.allowed()
+                if not allowed.any():
+                    raise ValueError("the grammar allows no token")
+                row[~allowed] = -np.inf
+                tokens[i] = s.sampler(row, s.history)
+            except Exception as e:
+                self._finish(s, "error", f"sampling failed: {type(e).__name__}: {e}")
         for i, (s, tid) in enumerate(zip(seqs, tokens)):
             if s.done:
                 continue
@@ -344,6 +361,23 @@ class Scheduler:
                 self._emit(s, int(tid), lp)
             except Exception as e:
                 self._finish(s, "error", f"{type(e).__name__}: {e}")
+
+    def _sample_rows(self, logits, seqs: list[_Seq]) -> list[int]:
+        """The backend's batched sampling of logits [len(seqs), n_vocab]; if it fails, each row alone, so that a
+        failing sequence ends alone (-1 for it)."""
+        B = self.rt.backend
+        try:
+            return [int(t) for t in B.sample(logits, [s.sampler for s in seqs], [s.history for s in seqs])]
+        except Exception:
+            tokens = []
+            for i, s in enumerate(seqs):
+                try:
+                    row = B.rows(logits, np.array([i], np.int32))
+                    tokens.append(int(B.sample(row, [s.sampler], [s.history])[0]))
+                except Exception as e:
+                    self._finish(s, "error", f"sampling failed: {type(e).__name__}: {e}")
+                    tokens.append(-1)
+            return tokens
 
     def _emit(self, seq: _Seq, tid: int, lp_row: np.ndarray | None) -> None:
         """Report a sequence's new token, finish it if it ended."""
@@ -354,6 +388,8 @@ class Scheduler:
         if not req.ignore_eos and self.rt.is_end_of_generation(tid):
             self._finish(seq, "stop")
             return
+        if seq.constraint is not None:
+            seq.constraint.consume(tid)                 # GrammarError: the caller ends the sequence
         event = TokenEvent(tid, cached_tokens=seq.cached if seq.generated == 0 else 0)
         if lp_row is not None:
             x = lp_row.astype(np.float64)
@@ -367,7 +403,9 @@ class Scheduler:
         seq.last = tid
         self.stats.generated_tokens_total += 1
         seq.on_event(event)
-        if seq.generated >= req.max_tokens or seq.pos >= self.rt.n_ctx:
+        if seq.constraint is not None and seq.constraint.done:
+            self._finish(seq, "stop")                   # the grammar is complete
+        elif seq.generated >= req.max_tokens or seq.pos >= self.rt.n_ctx:
             self._finish(seq, "length")
 
     def _finish(self, seq: _Seq, reason: str, error: str | None = None) -> None:

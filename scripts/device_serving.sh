@@ -31,9 +31,11 @@ case "${1:-}" in
 wheels)
   mkdir -p .whl
   for p in gguf pyzmq msgspec fastapi starlette pydantic pydantic-core uvicorn h11 annotated-types annotated-doc \
-           typing-inspection typing-extensions opentelemetry-api importlib-metadata zipp uvloop httptools prometheus-client; do
+           typing-inspection typing-extensions opentelemetry-api importlib-metadata zipp uvloop httptools prometheus-client \
+           llguidance; do
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "$p"
+      --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux2014_x86_64 -d .whl "$p"
   done
   ls .whl ;;
 setup)

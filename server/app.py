@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine import __version__
 from engine.gguf import GGUFFile
+from engine.grammar import GrammarError, compile_grammar
 from engine.sampling import seed_bits
 from engine.tokenizer import TemplateLimits, Tokenizer, TokenizerError
 
@@ -35,6 +36,8 @@ from .core import run_core
 from .messages import AddRequest
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, ServerMetrics
 from .protocol import APIError, ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+
+MAX_CACHED_GRAMMARS = 64       # compiled structured-output grammars kept (the oldest dropped first)
 
 log = logging.getLogger("engine.server")
 
@@ -94,6 +97,7 @@ def error_response(err: APIError) -> JSONResponse:
 def create_app(cfg: ServerConfig) -> FastAPI:
     model_id = cfg.model_id or Path(cfg.core.model).name
     state = {"engine": None, "tokenizer": None, "created": int(time.time())}
+    grammars: dict[str, str] = {}          # compiled grammars by their source (response_format, json_schema, ...)
     pool = ThreadPoolExecutor(max_workers=cfg.tokenizer_threads, thread_name_prefix="engine-tokenizer")
 
     @asynccontextmanager
@@ -260,7 +264,29 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         if bad is not None:
             raise APIError(400, f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})", param)
 
-    def start(e: EngineClient, body, prompt: list[int], max_tokens: int, top_logprobs) -> MultiChoice:
+    async def grammar_of(body) -> str | None:
+        """The compiled grammar of a request's structured output (response_format, json_schema, grammar), compiled
+        off the event loop and cached per source; 400 naming the field when it is malformed or does not compile."""
+        try:
+            source = body.grammar_source()
+        except ValueError as err:
+            raise APIError(400, str(err), next(k for k in ("response_format", "json_schema", "grammar")
+                                               if k in (body.model_extra or {}))) from None
+        if source is None:
+            return None
+        name, args = source
+        key = json.dumps(args, sort_keys=True)
+        if key not in grammars:
+            try:
+                grammars[key] = await blocking(lambda: compile_grammar(**args))
+            except GrammarError as err:
+                raise APIError(400, f"'{name}': {err}", name) from None
+            if len(grammars) > MAX_CACHED_GRAMMARS:
+                grammars.pop(next(iter(grammars)))
+        return grammars[key]
+
+    def start(e: EngineClient, body, prompt: list[int], max_tokens: int, top_logprobs,
+              grammar: str | None = None) -> MultiChoice:
         ready = e.check()
         if not prompt:
             raise APIError(400, "the prompt is empty", "prompt")
@@ -273,7 +299,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
                            headers={"Retry-After": "1"})
         reqs = [AddRequest(0, prompt, max_tokens, body.ignore_eos, top_logprobs, body.temperature, body.top_k,
                            body.top_p, body.min_p, body.repeat_penalty, body.repeat_last_n, body.presence_penalty,
-                           body.frequency_penalty, seed_bits(None if body.seed is None else body.seed + i))
+                           body.frequency_penalty, seed_bits(None if body.seed is None else body.seed + i), grammar)
                 for i in range(body.n)]
         try:
             return MultiChoice(e, state["tokenizer"], reqs, body.stops())
@@ -381,7 +407,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
             check_ids(prompt, "prompt")
             prompt_text = await blocking(tok.decode, prompt) if body.echo else ""
         max_tokens = 16 if body.max_tokens is None else body.max_tokens
-        mc = start(e, body, prompt, max_tokens, body.logprobs)
+        mc = start(e, body, prompt, max_tokens, body.logprobs, await grammar_of(body))
         request.state.logs_itself = True
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         echo = prompt_text if body.echo else ""
@@ -433,7 +459,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         max_tokens = limit if limit is not None else max(1, e.check().n_ctx - len(prompt))
         top = (body.top_logprobs or 0) if body.logprobs else None
-        mc = start(e, body, prompt, max_tokens, top)
+        mc = start(e, body, prompt, max_tokens, top, await grammar_of(body))
         request.state.logs_itself = True
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 

@@ -26,6 +26,7 @@ class AddRequest(msgspec.Struct, tag=True):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = None
+    grammar: str | None = None          # structured output: an llguidance grammar (engine/grammar.py)
 
 
 class Abort(msgspec.Struct, tag=True):

@@ -24,8 +24,6 @@ def _refused(name: str, value) -> str | None:
         return None
     if name == "tool_choice" and value in ("none", "auto"):
         return None                               # with no tools, both mean plain text
-    if name == "response_format" and isinstance(value, dict) and value.get("type") == "text":
-        return None
     if name == "modalities" and value == ["text"]:
         return None
     if name == "n_probs" and value == 0:
@@ -42,9 +40,6 @@ REFUSED_FIELDS = {
     "tool_choice": "tool calling is not supported yet",
     "functions": "function calling is not supported",
     "function_call": "function calling is not supported",
-    "response_format": "structured output (json_object, json_schema) is not supported yet; only type 'text'",
-    "grammar": "grammars are not supported yet",
-    "json_schema": "JSON schemas are not supported yet",
     "logit_bias": "logit_bias is not supported yet",
     "n_probs": "n_probs is not supported; use logprobs",
     "best_of": "best_of is not supported (only 1)",
@@ -90,6 +85,39 @@ class _Sampling(BaseModel):
                 if why:
                     return name, why
         return None
+
+    def grammar_source(self) -> tuple[str, dict] | None:
+        """(the field, engine.grammar.compile_grammar's arguments) of the structured output the request asks for:
+        OpenAI's response_format (json_object, json_schema) or llama-server's json_schema / grammar (GBNF); None
+        for plain text. ValueError names a malformed one."""
+        extra = self.model_extra or {}
+        asked = [k for k in ("response_format", "json_schema", "grammar") if extra.get(k) not in (None, "", {})]
+        fmt = extra.get("response_format")
+        if isinstance(fmt, dict) and fmt.get("type") == "text" and fmt.keys() <= {"type"}:
+            asked.remove("response_format")
+        if not asked:
+            return None
+        if len(asked) > 1:
+            raise ValueError(f"give one of response_format, json_schema and grammar, not {' and '.join(asked)}")
+        name = asked[0]
+        value = extra[name]
+        if name == "grammar":
+            if not isinstance(value, str):
+                raise ValueError("'grammar' must be a GBNF grammar string")
+            return name, {"gbnf": value}
+        if name == "json_schema":
+            if not isinstance(value, (dict, bool)):
+                raise ValueError("'json_schema' must be a JSON schema object")
+            return name, {"json_schema": value}
+        kind = value.get("type") if isinstance(value, dict) else None
+        if kind == "json_object":
+            return name, {"json_object": True}
+        if kind == "json_schema":
+            spec = value.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
+                raise ValueError("response_format json_schema needs a 'json_schema' object with a 'schema'")
+            return name, {"json_schema": spec.get("schema", {})}
+        raise ValueError("response_format 'type' must be 'text', 'json_object' or 'json_schema'")
 
     def stops(self) -> list[str]:
         if self.stop is None:
