@@ -53,6 +53,7 @@ class Request:
     ignore_eos: bool = False
     top_logprobs: int | None = None     # None: no log-probs; 0: the chosen token's only; k: also the k best
     grammar: str | None = None          # structured output: an llguidance grammar (engine/grammar.py compile_grammar)
+    logit_bias: dict[int, float] | None = None   # token id -> added to its logit before sampling
 
 
 @dataclass
@@ -84,6 +85,11 @@ class _Seq:
     prompt_ids: np.ndarray | None = None   # [len(prompt)] int32, for prefix matching
     sampler: Sampler | None = None
     constraint: object = None          # engine.grammar.Constraint when the request has a grammar
+
+    @property
+    def on_host(self) -> bool:
+        """Sampled on the host (a grammar's mask or a logit bias), not by the backend's batched sampler."""
+        return self.constraint is not None or bool(self.req.logit_bias)
     history: list[int] = field(default_factory=list)   # prompt + generated tokens (the penalties' window)
     generated: int = 0
     last: int = -1                     # the token the next decode step feeds
@@ -136,6 +142,8 @@ class Scheduler:
         n_vocab = self.rt.config.n_vocab
         if any(not 0 <= t < n_vocab for t in req.prompt):
             raise ValueError(f"a prompt token id is outside the vocabulary (0..{n_vocab - 1})")
+        if req.logit_bias and any(not 0 <= t < n_vocab for t in req.logit_bias):
+            raise ValueError(f"a logit_bias token id is outside the vocabulary (0..{n_vocab - 1})")
         seq = _Seq(next(self._ids), req, on_event)
         self.waiting.append(seq)
         self.stats.requests_total += 1
@@ -329,15 +337,16 @@ class Scheduler:
 
     def _sample_and_emit(self, seqs: list[_Seq], logits) -> None:
         """Sample one token for each sequence from its row of logits [len(seqs), n_vocab], report them. Rows of
-        sequences with a grammar are sampled on the host from the tokens their grammar allows."""
+        sequences with a grammar or a logit bias are sampled on the host: the bias added, then only the tokens the
+        grammar allows."""
         if not seqs:
             return
         B = self.rt.backend
         lp_rows = [i for i, s in enumerate(seqs) if s.req.top_logprobs is not None]
         host = B.to_numpy(B.rows(logits, np.array(lp_rows, np.int32))) if lp_rows else None   # before the
-        bound = [i for i, s in enumerate(seqs) if s.constraint is not None]                 # penalties change rows
+        bound = [i for i, s in enumerate(seqs) if s.on_host]                                # penalties change rows
         bound_rows = B.to_numpy(B.rows(logits, np.array(bound, np.int32))) if bound else None
-        free = [i for i in range(len(seqs)) if seqs[i].constraint is None]
+        free = [i for i in range(len(seqs)) if not seqs[i].on_host]
         tokens = np.full(len(seqs), -1, np.int64)
         if free:
             rows = logits if len(free) == len(seqs) else B.rows(logits, np.array(free, np.int32))
@@ -346,10 +355,14 @@ class Scheduler:
             s = seqs[i]
             try:
                 row = bound_rows[j].astype(np.float32, copy=True)
-                allowed = s.constraint.allowed()
-                if not allowed.any():
-                    raise ValueError("the grammar allows no token")
-                row[~allowed] = -np.inf
+                if s.req.logit_bias:
+                    ids = np.fromiter(s.req.logit_bias, np.int64)
+                    row[ids] += np.fromiter(s.req.logit_bias.values(), np.float32)
+                if s.constraint is not None:
+                    allowed = s.constraint.allowed()
+                    if not allowed.any():
+                        raise ValueError("the grammar allows no token")
+                    row[~allowed] = -np.inf
                 tokens[i] = s.sampler(row, s.history)
             except Exception as e:
                 self._finish(s, "error", f"sampling failed: {type(e).__name__}: {e}")

@@ -291,6 +291,9 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         if not prompt:
             raise APIError(400, "the prompt is empty", "prompt")
         check_ids(prompt, "prompt")
+        bias = body.token_bias()
+        if bias:
+            check_ids(list(bias), "logit_bias")
         if len(prompt) + max_tokens > ready.n_ctx:
             raise APIError(400, f"the prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) exceeds the "
                                 f"context of {ready.n_ctx} tokens", "max_tokens", "context_length_exceeded")
@@ -299,7 +302,8 @@ def create_app(cfg: ServerConfig) -> FastAPI:
                            headers={"Retry-After": "1"})
         reqs = [AddRequest(0, prompt, max_tokens, body.ignore_eos, top_logprobs, body.temperature, body.top_k,
                            body.top_p, body.min_p, body.repeat_penalty, body.repeat_last_n, body.presence_penalty,
-                           body.frequency_penalty, seed_bits(None if body.seed is None else body.seed + i), grammar)
+                           body.frequency_penalty, seed_bits(None if body.seed is None else body.seed + i), grammar,
+                           bias)
                 for i in range(body.n)]
         try:
             return MultiChoice(e, state["tokenizer"], reqs, body.stops())

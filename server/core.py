@@ -167,7 +167,8 @@ class EngineCore:
                                     repeat_penalty=msg.repeat_penalty, repeat_last_n=msg.repeat_last_n,
                                     presence_penalty=msg.presence_penalty, frequency_penalty=msg.frequency_penalty,
                                     seed=msg.seed)
-            req = Request(msg.prompt, params, msg.max_tokens, msg.ignore_eos, msg.top_logprobs, msg.grammar)
+            req = Request(msg.prompt, params, msg.max_tokens, msg.ignore_eos, msg.top_logprobs, msg.grammar,
+                          msg.logit_bias)
             self.seq_of[msg.rid] = self.sched.submit(req, self._on_event(msg.rid))
         except Exception as e:     # the front end validated first; this is the last word
             self.events.append(Event(msg.rid, -1, finish="rejected", error=f"{type(e).__name__}: {e}"))

@@ -27,6 +27,7 @@ class AddRequest(msgspec.Struct, tag=True):
     frequency_penalty: float = 0.0
     seed: int | None = None
     grammar: str | None = None          # structured output: an llguidance grammar (engine/grammar.py)
+    logit_bias: dict[int, float] | None = None    # token id -> added to its logit before sampling
 
 
 class Abort(msgspec.Struct, tag=True):

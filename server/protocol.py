@@ -40,7 +40,6 @@ REFUSED_FIELDS = {
     "tool_choice": "tool calling is not supported yet",
     "functions": "function calling is not supported",
     "function_call": "function calling is not supported",
-    "logit_bias": "logit_bias is not supported yet",
     "n_probs": "n_probs is not supported; use logprobs",
     "best_of": "best_of is not supported (only 1)",
     "suffix": "suffix (infilling) is not supported",
@@ -66,6 +65,7 @@ class _Sampling(BaseModel):
     repeat_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
     repeat_last_n: int = Field(default=64, ge=-1, le=MAX_INT)
     n: int = Field(default=1, ge=1, le=16)
+    logit_bias: dict[str, float] | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     ignore_eos: bool = False
@@ -85,6 +85,24 @@ class _Sampling(BaseModel):
                 if why:
                     return name, why
         return None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v):
+        for key, bias in (v or {}).items():
+            try:
+                tid = int(key)
+            except ValueError:
+                raise ValueError(f"logit_bias keys are token ids, not '{key[:40]}'") from None
+            if not -MAX_INT <= tid <= MAX_INT:
+                raise ValueError(f"logit_bias token id {key[:40]} is out of range")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias values lie in [-100, 100], not {bias}")
+        return v
+
+    def token_bias(self) -> dict[int, float] | None:
+        """logit_bias with integer token ids (None when absent or empty)."""
+        return {int(k): float(b) for k, b in self.logit_bias.items()} if self.logit_bias else None
 
     def grammar_source(self) -> tuple[str, dict] | None:
         """(the field, engine.grammar.compile_grammar's arguments) of the structured output the request asks for:

@@ -182,3 +182,30 @@ def test_prefix_cache_shares_a_prefix_being_prefilled(model):
     assert [greedy_tokens(ev) for ev in events] == refs
     assert sched.stats.prompt_tokens_cached == 3 * 40 and sched.stats.prefix_cache_hits == 3
     assert sched.stats.prompt_tokens_total == sum(len(p) for p in prompts + [other])
+
+
+def test_logit_bias(model):
+    """-100 on the greedy token changes it; +100 on another token forces it; the other sequence in the same steps
+    (no bias, the backend's sampler) is unchanged."""
+    rng = np.random.default_rng()
+    prompt = rng.integers(0, N_VOCAB, 6).tolist()
+    rt = Runtime.load(model, device="cpu", n_ctx=64, n_seq=3)
+    plain = greedy_tokens(run_requests(Scheduler(rt), [Request(prompt, SamplingParams(temperature=0), 3,
+                                                               ignore_eos=True)])[0])
+    forced = int((plain[0] + 7) % N_VOCAB)
+    banned, pushed, same = run_requests(Scheduler(rt), [
+        Request(prompt, SamplingParams(temperature=0), 3, ignore_eos=True, logit_bias={plain[0]: -100.0}),
+        Request(prompt, SamplingParams(temperature=0.8, seed=1), 3, ignore_eos=True, logit_bias={forced: 100.0}),
+        Request(prompt, SamplingParams(temperature=0), 3, ignore_eos=True)])
+    assert greedy_tokens(banned)[0] != plain[0] and greedy_tokens(pushed) == [forced] * 3
+    assert greedy_tokens(same) == plain
+    with pytest.raises(ValueError, match="logit_bias"):
+        Scheduler(rt).submit(Request(prompt, max_tokens=2, logit_bias={N_VOCAB: 1.0}), lambda ev: None)
+
+
+def run_requests(sched, requests):
+    events = [[] for _ in requests]
+    for req, ev in zip(requests, events):
+        sched.submit(req, collect(ev))
+    run_all(sched)
+    return events
