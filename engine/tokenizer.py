@@ -391,12 +391,18 @@ class Tokenizer:
         return self.token_bytes(tid, special=True).decode("utf-8", errors="replace")
 
     # -- chat ------------------------------------------------------------------------------------------------
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            limits: "TemplateLimits | None" = None) -> str:
-        """Render the GGUF chat template (or a built-in one for templates-less files) for a list of messages, in a
-        sandbox with a time budget and an output cap (TemplateLimits): past either, TokenizerError."""
+    @property
+    def template_source(self) -> str:
+        """The chat template apply_chat_template renders: the file's, or its family's built-in one."""
+        return self.chat_template or _fallback_template(self.architecture)
 
-        source = self.chat_template or _fallback_template(self.architecture)
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            limits: "TemplateLimits | None" = None, tools: list[dict] | None = None) -> str:
+        """Render the GGUF chat template (or a built-in one for templates-less files) for a list of messages (and
+        OpenAI tools, for a template that takes them), in a sandbox with a time budget and an output cap
+        (TemplateLimits): past either, TokenizerError."""
+
+        source = self.template_source
         limits = limits or TemplateLimits()
         env = _BoundedSandbox(limits)
         bos = self.tokens[self.bos_id] if self.bos_id is not None and 0 <= self.bos_id < self.n_vocab else ""
@@ -404,8 +410,9 @@ class Tokenizer:
         try:
             template = env.from_string(source)
             out, size = [], 0
+            extra = {"tools": tools} if tools is not None else {}
             for piece in template.generate(messages=messages, add_generation_prompt=add_generation_prompt,
-                                           bos_token=bos, eos_token=eos):
+                                           bos_token=bos, eos_token=eos, **extra):
                 size += len(piece)
                 env.check(size)
                 out.append(piece)

@@ -31,11 +31,12 @@ from engine.grammar import GrammarError, compile_grammar
 from engine.sampling import seed_bits
 from engine.tokenizer import TemplateLimits, Tokenizer, TokenizerError
 
-from .client import CoreConfig, EngineClient, EngineUnavailable, GenerationError, MultiChoice
+from .client import ChoiceDelta, CoreConfig, EngineClient, EngineUnavailable, GenerationError, MultiChoice
 from .core import run_core
 from .messages import AddRequest
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, ServerMetrics
 from .protocol import APIError, ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from .tools import ToolError, call_grammar, parse_calls, prompt_messages, template_knows_tools, tool_spec
 
 MAX_CACHED_GRAMMARS = 64       # compiled structured-output grammars kept (the oldest dropped first)
 
@@ -274,7 +275,9 @@ def create_app(cfg: ServerConfig) -> FastAPI:
                                                if k in (body.model_extra or {}))) from None
         if source is None:
             return None
-        name, args = source
+        return await compiled(*source)
+
+    async def compiled(name: str, args: dict) -> str:
         key = json.dumps(args, sort_keys=True)
         if key not in grammars:
             try:
@@ -368,8 +371,9 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         return b"data: " + msgspec.json.encode(obj) + b"\n\n"
 
     def stream(mc: MultiChoice, body, cid: str, created: int, object_type: str, head: list[dict], choice_of,
-               request: Request, t0: float):
-        """Server-sent events: the head choices, one chunk per delta, the usage chunk if asked, then [DONE]."""
+               request: Request, t0: float, deltas=None):
+        """Server-sent events: the head choices, one chunk per delta (of mc, or of `deltas` drawn from it), the
+        usage chunk if asked, then [DONE]."""
         def frame(choices, **extra) -> str:
             return sse({"id": cid, "object": object_type, "created": created, "model": model_id,
                         "choices": choices, **extra})
@@ -379,7 +383,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
             try:
                 for c in head:
                     yield frame([c])
-                async for d in mc.deltas():
+                async for d in deltas if deltas is not None else mc.deltas():
                     yield frame([choice_of(d)])
                 if (body.stream_options or {}).get("include_usage"):
                     yield frame([], usage=usage(mc))
@@ -449,11 +453,21 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         check_model(body.model)
         check_fields(body)
         tok = state["tokenizer"]
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        extra = body.model_extra or {}
+        try:
+            messages = [m.as_dict() for m in body.messages]
+            spec = tool_spec(extra.get("tools"), extra.get("tool_choice"))
+        except ToolError as err:
+            raise APIError(400, str(err), err.param) from None
+        except ValueError as err:
+            raise APIError(400, str(err), "messages") from None
         limit_prompt("".join(m["content"] for m in messages))
+        native = spec is not None and template_knows_tools(tok.template_source)
+        to_render = prompt_messages(messages, spec, native)
+        tools = [{"type": "function", "function": f} for f in spec.functions] if native else None
 
         def render() -> list[int]:
-            text = tok.apply_chat_template(messages, limits=cfg.template)
+            text = tok.apply_chat_template(to_render, limits=cfg.template, tools=tools)
             limit_prompt(text)
             return tok.chat_prompt_ids_from_text(text)
         try:
@@ -463,9 +477,24 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         limit = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         max_tokens = limit if limit is not None else max(1, e.check().n_ctx - len(prompt))
         top = (body.top_logprobs or 0) if body.logprobs else None
-        mc = start(e, body, prompt, max_tokens, top, await grammar_of(body))
+        grammar = await grammar_of(body)
+        if spec is not None and spec.mode != "auto":
+            if grammar is not None:
+                raise APIError(400, "tool_choice required or a named function cannot go with a response format",
+                               "tool_choice")
+            grammar = await compiled("tools", {"lark": call_grammar(spec)})
+        mc = start(e, body, prompt, max_tokens, top, grammar)
         request.state.logs_itself = True
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+        def message_of(text: str, reason: str | None) -> tuple[dict, str | None]:
+            """The reply as an assistant message (tool calls parsed out when the request has tools)."""
+            if spec is not None:
+                content, calls = parse_calls(text, spec)
+                if calls:
+                    return {"role": "assistant", "content": content, "tool_calls": calls}, \
+                        "tool_calls" if reason == "stop" else reason
+            return {"role": "assistant", "content": text}, reason
 
         if body.stream:
             head = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -475,7 +504,24 @@ def create_app(cfg: ServerConfig) -> FastAPI:
                 return {"index": d.index, "delta": {"content": d.text} if d.text or not d.finish_reason else {},
                         "finish_reason": d.finish_reason,
                         "logprobs": chat_logprobs(d.tokens) if body.logprobs else None}
-            return stream(mc, body, cid, created, "chat.completion.chunk", head, choice_of, request, t0)
+            if spec is None:
+                return stream(mc, body, cid, created, "chat.completion.chunk", head, choice_of, request, t0)
+
+            async def whole_replies():           # with tools: each reply whole, so its calls can be parsed
+                texts = [""] * body.n
+                async for d in mc.deltas():
+                    texts[d.index] += d.text
+                    if d.finish_reason:
+                        yield ChoiceDelta(d.index, texts[d.index], [], d.finish_reason)
+
+            def tool_choice_of(d):
+                msg, reason = message_of(d.text, d.finish_reason)
+                delta = {"content": msg["content"]}
+                if "tool_calls" in msg:
+                    delta["tool_calls"] = [{"index": j, **c} for j, c in enumerate(msg["tool_calls"])]
+                return {"index": d.index, "delta": delta, "finish_reason": reason, "logprobs": None}
+            return stream(mc, body, cid, created, "chat.completion.chunk", head, tool_choice_of, request, t0,
+                          whole_replies())
         try:
             result = await collect(mc, request, body.n)
         except APIError as err:
@@ -485,8 +531,11 @@ def create_app(cfg: ServerConfig) -> FastAPI:
             log_generation(request, 499, mc, t0)
             return JSONResponse({}, status_code=499)
         texts, toks, reasons = result
-        choices = [{"index": i, "message": {"role": "assistant", "content": texts[i]}, "finish_reason": reasons[i],
-                    "logprobs": chat_logprobs(toks[i]) if body.logprobs else None} for i in range(body.n)]
+        choices = []
+        for i in range(body.n):
+            msg, reason = message_of(texts[i], reasons[i])
+            choices.append({"index": i, "message": msg, "finish_reason": reason,
+                            "logprobs": chat_logprobs(toks[i]) if body.logprobs else None})
         log_generation(request, 200, mc, t0)
         return {"id": cid, "object": "chat.completion", "created": created, "model": model_id,
                 "choices": choices, "usage": usage(mc)}

@@ -22,8 +22,6 @@ def _refused(name: str, value) -> str | None:
     """Why a request field that would change the output cannot be honoured (None: absent, empty or harmless)."""
     if value is None or value == [] or value == {} or value == "":
         return None
-    if name == "tool_choice" and value in ("none", "auto"):
-        return None                               # with no tools, both mean plain text
     if name == "modalities" and value == ["text"]:
         return None
     if name == "n_probs" and value == 0:
@@ -36,8 +34,6 @@ def _refused(name: str, value) -> str | None:
 # Fields of the OpenAI and llama-server APIs this server cannot honour yet: a request that sets one gets a 400 naming
 # it rather than an answer that silently ignores it.
 REFUSED_FIELDS = {
-    "tools": "tool calling is not supported yet",
-    "tool_choice": "tool calling is not supported yet",
     "functions": "function calling is not supported",
     "function_call": "function calling is not supported",
     "n_probs": "n_probs is not supported; use logprobs",
@@ -184,6 +180,18 @@ class ChatMessage(BaseModel):
             if part.text is None:
                 raise ValueError("a text content part needs a 'text' string")
         return v
+
+    def as_dict(self) -> dict:
+        """The message as a chat template takes it: role and text, and an assistant's tool_calls / a tool result's
+        tool_call_id and name when given."""
+        d = {"role": self.role, "content": self.text()}
+        for key in ("tool_calls", "tool_call_id", "name"):
+            value = (self.model_extra or {}).get(key)
+            if value is not None:
+                d[key] = value
+        if d.get("tool_calls") is not None and not isinstance(d["tool_calls"], list):
+            raise ValueError("tool_calls must be a list")
+        return d
 
     def text(self) -> str:
         if self.content is None:

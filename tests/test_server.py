@@ -46,7 +46,7 @@ def start_server(*extra) -> tuple[subprocess.Popen, str]:
 @pytest.fixture(scope="module")
 def server(model_path):
     model_path("smol")
-    proc, base = start_server("--parallel", "4")
+    proc, base = start_server("--parallel", "4", "--ctx", "1024")     # room for five tools' descriptions
     yield base
     proc.terminate()
     proc.wait(timeout=10)
@@ -196,6 +196,74 @@ def test_logit_bias(server):
         assert e.status_code == 400 and e.json()["error"]["param"] == "logit_bias", e.text
 
 
+FUNCTIONS = [
+    {"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["C", "F"]}}, "required": ["city", "unit"],
+        "additionalProperties": False}},
+    {"name": "add", "parameters": {"type": "object", "properties": {
+        "a": {"type": "integer", "minimum": -100, "maximum": 100}, "b": {"type": "integer", "minimum": -100,
+                                                                          "maximum": 100}},
+        "required": ["a", "b"], "additionalProperties": False}},
+    {"name": "search", "parameters": {"type": "object", "properties": {"query": {"type": "string", "maxLength": 30},
+                                                                       "limit": {"type": "integer", "minimum": 1,
+                                                                                 "maximum": 10}},
+                                      "required": ["query"], "additionalProperties": False}},
+    {"name": "set_alarm", "parameters": {"type": "object", "properties": {
+        "hour": {"type": "integer", "minimum": 0, "maximum": 23}, "minute": {"type": "integer", "minimum": 0,
+                                                                             "maximum": 59}},
+        "required": ["hour", "minute"], "additionalProperties": False}},
+    {"name": "get_time", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}},
+]
+TOOLS = [{"type": "function", "function": f} for f in FUNCTIONS]
+
+
+def check_calls(calls, names=None):
+    import jsonschema
+    schemas = {f["name"]: f["parameters"] for f in FUNCTIONS}
+    assert calls, "no tool call"
+    for c in calls:
+        name = c.function.name if hasattr(c, "function") else c["function"]["name"]
+        args = c.function.arguments if hasattr(c, "function") else c["function"]["arguments"]
+        assert name in (names or schemas)
+        jsonschema.validate(json.loads(args), schemas[name])
+
+
+def test_tool_calls(server, client):
+    """tool_choice required with 5 functions at temperature 1.0: every reply is a valid call of one of them,
+    streamed and not; a named function is that function; a conversation carrying a call and its result renders;
+    malformed tools and choices are a 400 naming the field."""
+    messages = [{"role": "user", "content": "What is the weather in Paris, and what is 2 + 3?"}]
+    for seed in range(4):
+        r = client.chat.completions.create(model="smollm2-135m", messages=messages, tools=TOOLS, tool_choice="required",
+                                           temperature=1.0, seed=seed, max_tokens=80)
+        assert r.choices[0].finish_reason == "tool_calls"
+        check_calls(r.choices[0].message.tool_calls)
+    calls = {}
+    for chunk in client.chat.completions.create(model="smollm2-135m", messages=messages, tools=TOOLS,
+                                                tool_choice="required", temperature=1.0, seed=9, max_tokens=80,
+                                                stream=True):
+        for tc in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            calls.setdefault(tc.index, {"function": {"name": "", "arguments": ""}})
+            calls[tc.index]["function"]["name"] += tc.function.name or ""
+            calls[tc.index]["function"]["arguments"] += tc.function.arguments or ""
+    check_calls(list(calls.values()))
+    r = client.chat.completions.create(model="smollm2-135m", messages=messages, tools=TOOLS, max_tokens=60,
+                                       tool_choice={"type": "function", "function": {"name": "add"}}, temperature=0)
+    check_calls(r.choices[0].message.tool_calls, {"add"})
+    call = r.choices[0].message.tool_calls[0]
+    follow = messages + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.id, "type": "function", "function": {"name": "add", "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "5"}]
+    r = client.chat.completions.create(model="smollm2-135m", messages=follow, tools=TOOLS, max_tokens=8,
+                                       temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    for extra, param in [({"tools": "x"}, "tools"), ({"tools": [{"type": "function"}]}, "tools"),
+                         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+                          "tool_choice"), ({"tool_choice": "required"}, "tool_choice")]:
+        e = httpx.post(server + "/v1/chat/completions", json={"messages": messages, **extra})
+        assert e.status_code == 400 and e.json()["error"]["param"] == param, e.text
+
+
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                           "age": {"type": "integer", "minimum": 0, "maximum": 120}},
           "required": ["name", "age"], "additionalProperties": False}
@@ -246,8 +314,6 @@ def test_errors(server, body, status, param):
 
 
 @pytest.mark.parametrize("path,field,value", [
-    ("/v1/chat/completions", "tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-    ("/v1/chat/completions", "tool_choice", "required"),
     ("/v1/completions", "n_probs", 5),
     ("/v1/completions", "best_of", 3),
     ("/v1/completions", "suffix", "}"),
@@ -273,7 +339,7 @@ def test_harmless_fields_are_accepted(server):
 
 def test_props_and_open_metrics(server):
     props = httpx.get(server + "/props").json()
-    assert props["total_slots"] == 4 and props["n_ctx"] == 256 and "im_start" in props["chat_template"]
+    assert props["total_slots"] == 4 and props["n_ctx"] == 1024 and "im_start" in props["chat_template"]
     assert props["default_generation_settings"]["params"]["temperature"] == 1.0
 
 
