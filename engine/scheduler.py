@@ -62,6 +62,7 @@ class TokenEvent:
     logprob: float | None = None
     top: list[tuple[int, float]] | None = None
     cached_tokens: int = 0              # the first token's event: prompt tokens taken from the KV cache
+    queue_seconds: float = 0.0          # the first token's event: from submit() until a KV slot was given
 
 
 @dataclass
@@ -83,6 +84,8 @@ class _Seq:
     prefilled: int = 0                 # prompt tokens already in the KV cache
     cached: int = 0                    # of them, taken from a cache (a slot's earlier request, another sequence)
     prompt_ids: np.ndarray | None = None   # [len(prompt)] int32, for prefix matching
+    submitted: float = 0.0             # perf_counter() at submit()
+    queued: float = 0.0                # seconds from submit() until admitted
     sampler: Sampler | None = None
     constraint: object = None          # engine.grammar.Constraint when the request has a grammar
 
@@ -144,7 +147,7 @@ class Scheduler:
             raise ValueError(f"a prompt token id is outside the vocabulary (0..{n_vocab - 1})")
         if req.logit_bias and any(not 0 <= t < n_vocab for t in req.logit_bias):
             raise ValueError(f"a logit_bias token id is outside the vocabulary (0..{n_vocab - 1})")
-        seq = _Seq(next(self._ids), req, on_event)
+        seq = _Seq(next(self._ids), req, on_event, submitted=time.perf_counter())
         self.waiting.append(seq)
         self.stats.requests_total += 1
         return seq.id
@@ -196,6 +199,7 @@ class Scheduler:
                 held.append(seq)
                 continue
             seq.history = list(prompt)
+            seq.queued = time.perf_counter() - seq.submitted
             donor = next((s for s in self.running if s.prompt_logits is not None and s.req.prompt == prompt), None)
             try:
                 seq.sampler = Sampler(seq.req.params)
@@ -403,7 +407,8 @@ class Scheduler:
             return
         if seq.constraint is not None:
             seq.constraint.consume(tid)                 # GrammarError: the caller ends the sequence
-        event = TokenEvent(tid, cached_tokens=seq.cached if seq.generated == 0 else 0)
+        first = seq.generated == 0
+        event = TokenEvent(tid, cached_tokens=seq.cached if first else 0, queue_seconds=seq.queued if first else 0.0)
         if lp_row is not None:
             x = lp_row.astype(np.float64)
             lse = x.max() + np.log(np.exp(x - x.max()).sum())

@@ -346,7 +346,8 @@ def create_app(cfg: ServerConfig) -> FastAPI:
     def log_generation(request: Request, status: int, mc: MultiChoice | None, t0: float) -> None:
         now = time.monotonic()
         if mc is not None:
-            server_metrics.observe(mc.first_token_at - t0 if mc.first_token_at else None, mc.token_gaps, now - t0)
+            server_metrics.observe(mc.first_token_at - t0 if mc.first_token_at else None, mc.token_gaps, now - t0,
+                                   mc.queue_seconds)
         ttft = f"{(mc.first_token_at - t0) * 1000:.0f}ms" if mc and mc.first_token_at else "-"
         log.info("%s %s %d prompt=%d completion=%d ttft=%s duration=%.0fms", request.method, request.url.path,
                  status, mc.prompt_tokens if mc else 0, sum(mc.completion_tokens) if mc else 0, ttft,

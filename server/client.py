@@ -193,6 +193,7 @@ class MultiChoice:
         self.completion_tokens = [0] * len(requests)
         self.prompt_tokens = len(requests[0].prompt)
         self.cached_tokens = 0                        # prompt tokens the first choice took from the KV cache
+        self.queue_seconds: float | None = None       # how long the first choice waited for a KV slot
         self.merged: asyncio.Queue = asyncio.Queue()
         self.first_token_at: float | None = None
         self.last_token_at = 0.0
@@ -216,6 +217,8 @@ class MultiChoice:
                     continue
                 if i == 0 and ev.cached:
                     self.cached_tokens = ev.cached
+                if i == 0 and ev.finish is None and self.queue_seconds is None:
+                    self.queue_seconds = ev.queued
                 if ev.finish is None:
                     now = time.monotonic()
                     if self.first_token_at is None:

@@ -181,7 +181,8 @@ class EngineCore:
                 self.seq_of.pop(rid, None)
                 self.events.append(Event(rid, -1, finish=ev.reason, error=ev.error, cached=ev.cached_tokens))
             else:
-                self.events.append(Event(rid, ev.token, ev.logprob, ev.top, cached=ev.cached_tokens))
+                self.events.append(Event(rid, ev.token, ev.logprob, ev.top, cached=ev.cached_tokens,
+                                         queued=ev.queue_seconds))
         return on_event
 
     def stats(self) -> CoreStats:

@@ -59,6 +59,7 @@ class Event(msgspec.Struct, array_like=True):
     finish: str | None = None           # "stop" | "length" | "cancelled" | "error" | "rejected"
     error: str | None = None
     cached: int = 0                     # prompt tokens the request took from the KV cache (first token, end)
+    queued: float = 0.0                 # first token: seconds the request waited for a KV slot in the core
 
 
 class CoreStats(msgspec.Struct, array_like=True):

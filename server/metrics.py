@@ -63,10 +63,14 @@ class ServerMetrics:
                                    buckets=TOKEN_GAP_BUCKETS, registry=self.registry)
         self.e2e = Histogram("engine:e2e_request_latency_seconds", "request arrival to its last byte",
                              buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.queue = Histogram("engine:request_queue_time_seconds", "time a request waited in the engine core for "
+                               "a KV slot", buckets=LATENCY_BUCKETS, registry=self.registry)
 
-    def observe(self, ttft: float | None, token_gaps: list[float], e2e: float) -> None:
+    def observe(self, ttft: float | None, token_gaps: list[float], e2e: float, queued: float | None = None) -> None:
         if ttft is not None:
             self.ttft.observe(ttft)
+        if queued is not None:
+            self.queue.observe(queued)
         for g in token_gaps:
             self.token_gap.observe(g)
         self.e2e.observe(e2e)

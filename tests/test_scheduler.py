@@ -209,3 +209,13 @@ def run_requests(sched, requests):
         sched.submit(req, collect(ev))
     run_all(sched)
     return events
+
+
+def test_queue_time_is_reported(model):
+    """With one KV slot, the second request waits for the first: its first token's event says how long."""
+    rng = np.random.default_rng()
+    sched = Scheduler(Runtime.load(model, device="cpu", n_ctx=64, n_seq=1))
+    first, second = run_requests(sched, [Request(rng.integers(0, N_VOCAB, 5).tolist(), max_tokens=8,
+                                                 ignore_eos=True) for _ in range(2)])
+    assert first[0].queue_seconds < second[0].queue_seconds and second[0].queue_seconds > 0
+    assert all(e.queue_seconds == 0 for e in second[1:] if isinstance(e, TokenEvent))

@@ -154,7 +154,8 @@ def test_models_metrics_health(server, client):
                  "engine:prefill_step_seconds_total", "engine:decode_step_seconds_total", "engine:core_up"):
         assert name in values, name
     assert values["engine:prefill_steps_total"] >= 1 and values["engine:prefill_step_seconds_total"] > 0
-    for hist in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"):
+    for hist in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
+                 "request_queue_time_seconds"):
         assert values[f"engine:{hist}_count"] >= 1 and values[f'engine:{hist}_bucket{{le="+Inf"}}'] >= 1
     assert httpx.get(server + "/health").json() == {"status": "ok"}
 
