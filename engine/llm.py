@@ -5,12 +5,14 @@
     outs = llm.generate(["The capital of France is", "1, 2, 3,"], SamplingParams(temperature=0), max_tokens=16)
     print(outs[0].text, outs[0].finish_reason)
     print(llm.chat([{"role": "user", "content": "Hi!"}]).text)
+    llm.chat([{"role": "user", "content": "A person?"}], json_schema={"type": "object", ...})   # structured output
     for piece in llm.stream("Once upon a time"): print(piece, end="")
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .grammar import compile_grammar
 from .runtime import Runtime
 from .sampling import SamplingParams
 from .scheduler import FinishEvent, Request, Scheduler, TokenEvent
@@ -66,10 +68,18 @@ class LLM:
         self.scheduler = Scheduler(self.rt)
 
     def _submit(self, prompt: list[int], params: SamplingParams | None, max_tokens: int,
-                stop: list[str] | None) -> _Choice:
+                stop: list[str] | None, grammar: str | None = None) -> _Choice:
         choice = _Choice(self, prompt, stop or [])
-        choice.sid = self.scheduler.submit(Request(prompt, params or SamplingParams(), max_tokens), choice.on_event)
+        choice.sid = self.scheduler.submit(Request(prompt, params or SamplingParams(), max_tokens, grammar=grammar),
+                                           choice.on_event)
         return choice
+
+    @staticmethod
+    def _grammar(json_schema, grammar) -> str | None:
+        """The compiled grammar of a JSON schema or a GBNF grammar (GrammarError if it does not compile)."""
+        if json_schema is None and grammar is None:
+            return None
+        return compile_grammar(json_schema=json_schema) if grammar is None else compile_grammar(gbnf=grammar)
 
     def _stop_when_matched(self, choices: list[_Choice]) -> None:
         for c in choices:
@@ -83,16 +93,20 @@ class LLM:
         return [c.out for c in choices]
 
     def generate(self, prompts: str | list[str], params: SamplingParams | None = None, max_tokens: int = 128,
-                 stop: list[str] | None = None) -> list[Completion]:
-        """Complete each prompt (batched together) -> one Completion per prompt, in order."""
+                 stop: list[str] | None = None, json_schema: dict | None = None,
+                 grammar: str | None = None) -> list[Completion]:
+        """Complete each prompt (batched together) -> one Completion per prompt, in order; with json_schema (or a
+        GBNF grammar) every completion is constrained to it."""
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-        return self._run([self._submit(self.tokenizer.encode(p), params, max_tokens, stop) for p in prompts])
+        g = self._grammar(json_schema, grammar)
+        return self._run([self._submit(self.tokenizer.encode(p), params, max_tokens, stop, g) for p in prompts])
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None, max_tokens: int = 512,
-             stop: list[str] | None = None) -> Completion:
+             stop: list[str] | None = None, json_schema: dict | None = None, grammar: str | None = None) -> Completion:
         """The assistant's reply to a conversation ([{"role": ..., "content": ...}, ...]), via the model's chat
-        template."""
-        return self._run([self._submit(self.tokenizer.chat_prompt_ids(messages), params, max_tokens, stop)])[0]
+        template; constrained to json_schema or a GBNF grammar when given."""
+        g = self._grammar(json_schema, grammar)
+        return self._run([self._submit(self.tokenizer.chat_prompt_ids(messages), params, max_tokens, stop, g)])[0]
 
     def stream(self, prompt: str, params: SamplingParams | None = None, max_tokens: int = 128,
                stop: list[str] | None = None):

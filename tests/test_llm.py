@@ -1,4 +1,6 @@
 """The Python API (engine/llm.py) on SmolLM2 on the CPU: batched prompts, chat, streaming, stop strings."""
+import json
+
 import pytest
 
 from engine import LLM, SamplingParams
@@ -45,3 +47,15 @@ def test_abandoned_stream_frees_its_slot(llm):
     next(it)
     it.close()
     assert not llm.scheduler.has_work and len(llm.scheduler.free_slots) == 2
+
+
+def test_structured_output(llm):
+    import jsonschema
+    schema = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]},
+                                               "count": {"type": "integer", "minimum": 1, "maximum": 9}},
+              "required": ["colour", "count"], "additionalProperties": False}
+    out = llm.chat([{"role": "user", "content": "Pick a colour and a count."}], json_schema=schema, max_tokens=40)
+    assert out.finish_reason == "stop"
+    jsonschema.validate(json.loads(out.text), schema)
+    out = llm.generate("The capital of France is", max_tokens=8, grammar='root ::= " Paris" | " Rome"')[0]
+    assert out.text in (" Paris", " Rome") and out.finish_reason == "stop"
