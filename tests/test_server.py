@@ -299,6 +299,31 @@ def test_structured_output(server, client):
         assert r.status_code == 400 and r.json()["error"]["param"] == field, (field, r.text)
 
 
+def test_concurrent_requests_share_a_system_prompt_once(server):
+    """Eight concurrent chats with one long system prompt and different questions: the prefix is prefilled once
+    and copied to the other seven (engine:prompt_tokens_cached); asked again, a question gets the same greedy answer
+    (tests/test_scheduler.py compares the cache on and off)."""
+    import concurrent.futures
+
+    def metric(name):
+        lines = httpx.get(server + "/metrics").text.splitlines()
+        return float(next(line.split()[1] for line in lines if line.startswith(name + " ")))
+    system = {"role": "system", "content": "You answer in one short sentence about animals and plants. " * 8}
+    questions = [f"Tell me about animal number {i}." for i in range(8)]
+
+    def ask(q):
+        r = httpx.post(server + "/v1/chat/completions", timeout=120, json={
+            "messages": [system, {"role": "user", "content": q}], "max_tokens": 6, "temperature": 0})
+        return r.json()
+    cached = metric("engine:prompt_tokens_cached_total")
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, questions))
+    shared = [a["usage"]["prompt_tokens_details"]["cached_tokens"] for a in answers]
+    assert sorted(shared)[1] >= 100 and metric("engine:prompt_tokens_cached_total") - cached >= 7 * 100, shared
+    again = [ask(q)["choices"][0]["message"]["content"] for q in questions[:2]]
+    assert again == [a["choices"][0]["message"]["content"] for a in answers[:2]]
+
+
 @pytest.mark.parametrize("body,status,param", [
     ('{"prompt": "x", "max_tokens": ', 400, None),                                   # malformed JSON
     ('{"prompt": "x", "max_tokens": "many"}', 400, "max_tokens"),
