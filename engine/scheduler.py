@@ -88,16 +88,16 @@ class _Seq:
     queued: float = 0.0                # seconds from submit() until admitted
     sampler: Sampler | None = None
     constraint: object = None          # engine.grammar.Constraint when the request has a grammar
-
-    @property
-    def on_host(self) -> bool:
-        """Sampled on the host (a grammar's mask or a logit bias), not by the backend's batched sampler."""
-        return self.constraint is not None or bool(self.req.logit_bias)
     history: list[int] = field(default_factory=list)   # prompt + generated tokens (the penalties' window)
     generated: int = 0
     last: int = -1                     # the token the next decode step feeds
     prompt_logits: object = None       # [1, n_vocab] backend logits after the prompt, kept for a sharing follower
     done: bool = False
+
+    @property
+    def on_host(self) -> bool:
+        """Sampled on the host (a grammar's mask or a logit bias), not by the backend's batched sampler."""
+        return self.constraint is not None or bool(self.req.logit_bias)
 
 
 @dataclass

@@ -510,10 +510,13 @@ def create_app(cfg: ServerConfig) -> FastAPI:
 
             async def whole_replies():           # with tools: each reply whole, so its calls can be parsed
                 texts = [""] * body.n
-                async for d in mc.deltas():
-                    texts[d.index] += d.text
-                    if d.finish_reason:
-                        yield ChoiceDelta(d.index, texts[d.index], [], d.finish_reason)
+                try:
+                    async for d in mc.deltas():
+                        texts[d.index] += d.text
+                        if d.finish_reason:
+                            yield ChoiceDelta(d.index, texts[d.index], [], d.finish_reason)
+                finally:
+                    mc.cancel()                  # a client gone mid-stream frees its sequences
 
             def tool_choice_of(d):
                 msg, reason = message_of(d.text, d.finish_reason)
