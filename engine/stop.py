@@ -7,6 +7,7 @@ class StopMatcher:
         self.stops = [s for s in stops if s]
         self.pending = ""
         self.stopped = False
+        self.word: str | None = None       # the stop string that matched
 
     def feed(self, text: str) -> str:
         """Add newly decoded text; returns what can be emitted now (text before a stop string, and nothing that
@@ -14,11 +15,12 @@ class StopMatcher:
         if self.stopped:
             return ""
         full = self.pending + text
-        hits = [i for i in (full.find(s) for s in self.stops) if i >= 0]
+        hits = sorted((i, s) for s in self.stops if (i := full.find(s)) >= 0)
         if hits:
             self.stopped = True
             self.pending = ""
-            return full[:min(hits)]
+            self.word = hits[0][1]
+            return full[:hits[0][0]]
         hold = 0
         for s in self.stops:   # the longest tail of `full` that is a proper prefix of a stop string
             for k in range(min(len(s) - 1, len(full)), hold, -1):

@@ -35,7 +35,8 @@ from .client import ChoiceDelta, CoreConfig, EngineClient, EngineUnavailable, Ge
 from .core import run_core
 from .messages import AddRequest
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, ServerMetrics
-from .protocol import APIError, ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from .protocol import (APIError, ChatRequest, CompletionRequest, DetokenizeRequest, LlamaCompletionRequest,
+                       TokenizeRequest)
 from .tools import ToolError, call_grammar, parse_calls, prompt_messages, template_knows_tools, tool_spec
 
 MAX_CACHED_GRAMMARS = 64       # compiled structured-output grammars kept (the oldest dropped first)
@@ -446,6 +447,89 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         log_generation(request, 200, mc, t0)
         return {"id": cid, "object": "text_completion", "created": created, "model": model_id,
                 "choices": choices, "usage": usage(mc)}
+
+    @app.post("/completion")
+    async def llama_completion(body: LlamaCompletionRequest, request: Request):
+        """llama-server's native endpoint: {"content", "stop", "stop_type", "tokens_predicted", ...}, streamed as
+        bare JSON events; n_probs gives each token's top candidates (completion_probabilities)."""
+        t0 = time.monotonic()
+        e = engine()
+        check_model(body.model)
+        check_fields(body)
+        body.n = 1
+        tok = state["tokenizer"]
+        if isinstance(body.prompt, str):
+            limit_prompt(body.prompt)
+            prompt = await blocking(tok.encode, body.prompt)
+        else:
+            prompt = list(body.prompt)
+            check_ids(prompt, "prompt")
+        max_tokens = body.n_predict if body.n_predict >= 0 else max(1, e.check().n_ctx - len(prompt))
+        mc = start(e, body, prompt, max_tokens, body.n_probs or None, await grammar_of(body))
+        request.state.logs_itself = True
+
+        def probs(tokens) -> list[dict]:
+            def entry(tid, lp):
+                b = tok.token_bytes(tid, special=True)
+                return {"id": tid, "token": b.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(b)}
+            return [{**entry(ev.token, ev.logprob), "top_logprobs": [entry(i, lp) for i, lp in (ev.top or [])]}
+                    for ev in tokens]
+
+        def piece(text: str, tokens) -> dict:
+            out = {"content": text, "tokens": [ev.token for ev in tokens], "stop": False}
+            if body.n_probs:
+                out["completion_probabilities"] = probs(tokens)
+            return out
+
+        def final(text: str, reason: str | None, tokens) -> dict:
+            matcher = mc.matchers[0]
+            elapsed = time.monotonic() - t0
+            first = (mc.first_token_at - t0) if mc.first_token_at else elapsed
+            done = mc.completion_tokens[0]
+            out = {"content": text, "tokens": [ev.token for ev in tokens], "stop": True, "model": model_id,
+                   "stop_type": "limit" if reason == "length" else "word" if matcher.stopped else "eos",
+                   "stopping_word": matcher.word or "", "tokens_predicted": done,
+                   "tokens_evaluated": mc.prompt_tokens, "tokens_cached": mc.cached_tokens, "truncated": False,
+                   "generation_settings": {k: getattr(body, k) for k in (
+                       "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
+                       "presence_penalty", "frequency_penalty", "seed", "n_predict", "ignore_eos")},
+                   "timings": {"prompt_n": mc.prompt_tokens - mc.cached_tokens, "prompt_ms": 1000 * first,
+                               "predicted_n": done, "predicted_ms": 1000 * (elapsed - first),
+                               "predicted_per_second": (done - 1) / (elapsed - first) if done > 1 and
+                               elapsed > first else 0.0}}
+            if body.n_probs:
+                out["completion_probabilities"] = probs(tokens)
+            return out
+
+        if body.stream:
+            async def events():
+                status = 200
+                try:
+                    async for d in mc.deltas():
+                        if d.finish_reason:
+                            if d.text or d.tokens:
+                                yield sse(piece(d.text, d.tokens))
+                            yield sse(final("", d.finish_reason, []))
+                        else:
+                            yield sse(piece(d.text, d.tokens))
+                except (GenerationError, EngineUnavailable) as err:
+                    api = as_api_error(err)
+                    status = api.status
+                    yield sse(api.body())
+                finally:
+                    log_generation(request, status, mc, t0)
+            return StreamingResponse(events(), media_type="text/event-stream")
+        try:
+            result = await collect(mc, request, 1)
+        except APIError as err:
+            log_generation(request, err.status, mc, t0)
+            raise
+        if result is None:
+            log_generation(request, 499, mc, t0)
+            return JSONResponse({}, status_code=499)
+        texts, toks, reasons = result
+        log_generation(request, 200, mc, t0)
+        return final(texts[0], reasons[0], toks[0])
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):

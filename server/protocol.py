@@ -36,7 +36,7 @@ def _refused(name: str, value) -> str | None:
 REFUSED_FIELDS = {
     "functions": "function calling is not supported",
     "function_call": "function calling is not supported",
-    "n_probs": "n_probs is not supported; use logprobs",
+    "n_probs": "n_probs is llama-server's /completion field; use logprobs here",
     "best_of": "best_of is not supported (only 1)",
     "suffix": "suffix (infilling) is not supported",
     "prediction": "predicted outputs are not supported",
@@ -150,6 +150,34 @@ class CompletionRequest(_Sampling):
         for s in [v] if isinstance(v, str) else v:
             if isinstance(s, str):
                 check_utf8(s)
+        return v
+
+
+class LlamaCompletionRequest(_Sampling):
+    """llama-server's native /completion body: its field names (n_predict, n_probs) and its sampling defaults."""
+    prompt: str | list[int]
+    n_predict: int = Field(default=-1, ge=-1, le=MAX_INT)        # -1: until the end of generation or the context
+    n_probs: int = Field(default=0, ge=0, le=20)
+    temperature: float = Field(default=0.8, ge=0.0, le=2.0)
+    top_k: int = Field(default=40, ge=0, le=MAX_INT)
+    top_p: float = Field(default=0.95, ge=0.0, le=1.0)
+    min_p: float = Field(default=0.05, ge=0.0, le=1.0)
+    cache_prompt: bool = True                                     # prompts are always prefix-cached
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_text(cls, v):
+        return check_utf8(v) if isinstance(v, str) else v
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _pairs(cls, v):
+        """llama-server also takes [[token, bias], ...]."""
+        if isinstance(v, list):
+            try:
+                return {str(int(t)): float(b) for t, b in v}
+            except (TypeError, ValueError):
+                raise ValueError("logit_bias pairs are [token id, bias]") from None
         return v
 
 

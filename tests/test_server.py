@@ -182,6 +182,35 @@ def test_prefix_cache_over_http(server, client):
     assert metric("engine:prompt_tokens_cached_total") > 0
 
 
+def test_llama_server_completion_endpoint(server):
+    """llama-server's /completion: greedy content equal to /v1/completions', its stream the same text in bare JSON
+    events ending with stop true, n_probs candidates, a stop word reported as one, n_predict -1 running to the end
+    of generation or the context, pairs as logit_bias."""
+    body = {"prompt": "The capital of France is", "temperature": 0}
+    ref = httpx.post(server + "/v1/completions", json={**body, "max_tokens": 8}).json()["choices"][0]["text"]
+    r = httpx.post(server + "/completion", json={**body, "n_predict": 8, "n_probs": 3}).json()
+    assert r["content"] == ref and r["stop"] and r["stop_type"] == "limit" and r["tokens_predicted"] == 8
+    assert r["tokens_evaluated"] == len(httpx.post(server + "/tokenize", json={
+        "content": body["prompt"], "add_special": True}).json()["tokens"])
+    probs, r_tokens = r["completion_probabilities"], r["tokens"]
+    assert len(probs) == 8 and all(len(p["top_logprobs"]) == 3 and p["logprob"] <= 0 for p in probs)
+    events = []
+    with httpx.stream("POST", server + "/completion", json={**body, "n_predict": 8, "stream": True}) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    assert "".join(ev["content"] for ev in events) == ref and events[-1]["stop"] and not events[0]["stop"]
+    words = ref.split()
+    r = httpx.post(server + "/completion", json={**body, "n_predict": 8, "stop": [words[1]]}).json()
+    assert r["stop_type"] == "word" and r["stopping_word"] == words[1] and words[1] not in r["content"]
+    r = httpx.post(server + "/completion", json={"prompt": "Hi", "n_predict": -1, "seed": 1}).json()
+    assert r["stop_type"] in ("eos", "limit") and r["tokens_predicted"] >= 1
+    first = probs[0]["id"]
+    assert r_tokens[0] == first
+    r = httpx.post(server + "/completion", json={**body, "n_predict": 2, "logit_bias": [[first, -100]]}).json()
+    assert r["tokens"][0] != first
+
+
 def test_logit_bias(server):
     """-100 on the greedy first token changes it (OpenAI's string keys); ids outside the vocabulary, non-numeric
     keys and biases past 100 are a 400 naming logit_bias."""
