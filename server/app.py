@@ -380,23 +380,39 @@ def create_app(cfg: ServerConfig) -> FastAPI:
             return sse({"id": cid, "object": object_type, "created": created, "model": model_id,
                         "choices": choices, **extra})
 
-        async def events():
-            status = 200
-            try:
-                for c in head:
-                    yield frame([c])
-                async for d in deltas if deltas is not None else mc.deltas():
-                    yield frame([choice_of(d)])
-                if (body.stream_options or {}).get("include_usage"):
-                    yield frame([], usage=usage(mc))
-                yield b"data: [DONE]\n\n"
-            except (GenerationError, EngineUnavailable) as e:
-                err = as_api_error(e)
-                status = err.status
-                yield sse(err.body())
-            finally:
-                log_generation(request, status, mc, t0)
-        return StreamingResponse(events(), media_type="text/event-stream")
+        async def frames():
+            for c in head:
+                yield frame([c])
+            async for d in deltas if deltas is not None else mc.deltas():
+                yield frame([choice_of(d)])
+            if (body.stream_options or {}).get("include_usage"):
+                yield frame([], usage=usage(mc))
+            yield b"data: [DONE]\n\n"
+        return StreamingResponse(sse_events(frames(), mc, request, t0), media_type="text/event-stream")
+
+    async def sse_events(frames, mc: MultiChoice, request: Request, t0: float):
+        """A stream's body: its frames, then the error event should generation fail; logged at the end."""
+        status = 200
+        try:
+            async for f in frames:
+                yield f
+        except (GenerationError, EngineUnavailable) as e:
+            err = as_api_error(e)
+            status = err.status
+            yield sse(err.body())
+        finally:
+            log_generation(request, status, mc, t0)
+
+    async def finished(mc: MultiChoice, request: Request, n: int, t0: float):
+        """A whole (not streamed) answer, logged: (texts, tokens, finish reasons), or None when the client left
+        (logged as 499)."""
+        try:
+            result = await collect(mc, request, n)
+        except APIError as err:
+            log_generation(request, err.status, mc, t0)
+            raise
+        log_generation(request, 200 if result is not None else 499, mc, t0)
+        return result
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -432,19 +448,13 @@ def create_app(cfg: ServerConfig) -> FastAPI:
             head = [chunk(i, echo, [], None, False) for i in range(body.n)] if echo else []
             return stream(mc, body, cid, created, "text_completion", head,
                           lambda d: chunk(d.index, d.text, d.tokens, d.finish_reason, True), request, t0)
-        try:
-            result = await collect(mc, request, body.n)
-        except APIError as err:
-            log_generation(request, err.status, mc, t0)
-            raise
+        result = await finished(mc, request, body.n, t0)
         if result is None:
-            log_generation(request, 499, mc, t0)
             return JSONResponse({}, status_code=499)
         texts, toks, reasons = result
         choices = [{"index": i, "text": echo + texts[i], "finish_reason": reasons[i],
                     "logprobs": completion_logprobs(toks[i], len(echo)) if body.logprobs is not None else None}
                    for i in range(body.n)]
-        log_generation(request, 200, mc, t0)
         return {"id": cid, "object": "text_completion", "created": created, "model": model_id,
                 "choices": choices, "usage": usage(mc)}
 
@@ -502,33 +512,17 @@ def create_app(cfg: ServerConfig) -> FastAPI:
             return out
 
         if body.stream:
-            async def events():
-                status = 200
-                try:
-                    async for d in mc.deltas():
-                        if d.finish_reason:
-                            if d.text or d.tokens:
-                                yield sse(piece(d.text, d.tokens))
-                            yield sse(final("", d.finish_reason, []))
-                        else:
-                            yield sse(piece(d.text, d.tokens))
-                except (GenerationError, EngineUnavailable) as err:
-                    api = as_api_error(err)
-                    status = api.status
-                    yield sse(api.body())
-                finally:
-                    log_generation(request, status, mc, t0)
-            return StreamingResponse(events(), media_type="text/event-stream")
-        try:
-            result = await collect(mc, request, 1)
-        except APIError as err:
-            log_generation(request, err.status, mc, t0)
-            raise
+            async def frames():
+                async for d in mc.deltas():
+                    if not d.finish_reason or d.text or d.tokens:
+                        yield sse(piece(d.text, d.tokens))
+                    if d.finish_reason:
+                        yield sse(final("", d.finish_reason, []))
+            return StreamingResponse(sse_events(frames(), mc, request, t0), media_type="text/event-stream")
+        result = await finished(mc, request, 1, t0)
         if result is None:
-            log_generation(request, 499, mc, t0)
             return JSONResponse({}, status_code=499)
         texts, toks, reasons = result
-        log_generation(request, 200, mc, t0)
         return final(texts[0], reasons[0], toks[0])
 
     @app.post("/v1/chat/completions")
@@ -610,13 +604,8 @@ def create_app(cfg: ServerConfig) -> FastAPI:
                 return {"index": d.index, "delta": delta, "finish_reason": reason, "logprobs": None}
             return stream(mc, body, cid, created, "chat.completion.chunk", head, tool_choice_of, request, t0,
                           whole_replies())
-        try:
-            result = await collect(mc, request, body.n)
-        except APIError as err:
-            log_generation(request, err.status, mc, t0)
-            raise
+        result = await finished(mc, request, body.n, t0)
         if result is None:
-            log_generation(request, 499, mc, t0)
             return JSONResponse({}, status_code=499)
         texts, toks, reasons = result
         choices = []
@@ -624,7 +613,6 @@ def create_app(cfg: ServerConfig) -> FastAPI:
             msg, reason = message_of(texts[i], reasons[i])
             choices.append({"index": i, "message": msg, "finish_reason": reason,
                             "logprobs": chat_logprobs(toks[i]) if body.logprobs else None})
-        log_generation(request, 200, mc, t0)
         return {"id": cid, "object": "chat.completion", "created": created, "model": model_id,
                 "choices": choices, "usage": usage(mc)}
 
