@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 
@@ -94,6 +95,15 @@ class EngineCore:
         self.events: list[Event] = []
         if cfg.warmup:
             self.warm_up()
+        threading.Thread(target=self._grammar_tokenizer, daemon=True).start()   # ahead of the first grammar
+
+    def _grammar_tokenizer(self) -> None:
+        """Build the structured-output tokenizer (engine/grammar.py; cached) before a request needs it."""
+        from engine.grammar import grammar_tokenizer
+        try:
+            grammar_tokenizer(self.rt.tokenizer, self.rt.config.n_vocab)
+        except Exception:              # llguidance missing, a vocabulary it refuses: a grammar request says so
+            pass
 
     def ready(self) -> Ready:
         return Ready(self.rt.n_ctx, self.rt.config.n_vocab, self.rt.n_seq, self.rt.backend.name,
