@@ -346,19 +346,20 @@ class Scheduler:
         if not seqs:
             return
         B = self.rt.backend
-        lp_rows = [i for i, s in enumerate(seqs) if s.req.top_logprobs is not None]
-        host = B.to_numpy(B.rows(logits, np.array(lp_rows, np.int32))) if lp_rows else None   # before the
-        bound = [i for i, s in enumerate(seqs) if s.on_host]                                # penalties change rows
-        bound_rows = B.to_numpy(B.rows(logits, np.array(bound, np.int32))) if bound else None
+        # the host copies of the rows wanting log-probs or host sampling, in one copy before the penalties change them
+        need = [i for i, s in enumerate(seqs) if s.req.top_logprobs is not None or s.on_host]
+        host = B.to_numpy(B.rows(logits, np.array(need, np.int32))) if need else None
+        at = {i: j for j, i in enumerate(need)}                          # sequence index -> its row of host
+        bound = [i for i, s in enumerate(seqs) if s.on_host]
         free = [i for i in range(len(seqs)) if not seqs[i].on_host]
         tokens = np.full(len(seqs), -1, np.int64)
         if free:
             rows = logits if len(free) == len(seqs) else B.rows(logits, np.array(free, np.int32))
             tokens[free] = self._sample_rows(rows, [seqs[i] for i in free])
-        for j, i in enumerate(bound):
+        for i in bound:
             s = seqs[i]
             try:
-                row = bound_rows[j].astype(np.float32, copy=True)
+                row = host[at[i]].astype(np.float32, copy=True)
                 if s.req.logit_bias:
                     ids = np.fromiter(s.req.logit_bias, np.int64)
                     row[ids] += np.fromiter(s.req.logit_bias.values(), np.float32)
@@ -374,7 +375,7 @@ class Scheduler:
             if s.done:
                 continue
             try:
-                lp = host[lp_rows.index(i)] if host is not None and i in lp_rows else None
+                lp = host[at[i]] if s.req.top_logprobs is not None else None
                 self._emit(s, int(tid), lp)
             except Exception as e:
                 self._finish(s, "error", f"{type(e).__name__}: {e}")

@@ -126,12 +126,17 @@ class EngineClient:
     def end_streams(self, reason: str = "abort") -> None:
         """Finish every request in flight now with finish_reason `reason` (the server is shutting down); the core
         stops their sequences."""
-        rids = list(self.queues)
-        for rid, (q, index) in self.queues.items():
-            q.put_nowait((index, Event(rid, -1, finish=reason)))
-        self.queues.clear()
+        rids = self._finish_all(reason)
         if rids and self.error is None:
             self._send(Abort(rids))
+
+    def _finish_all(self, finish: str, error: str | None = None) -> list[int]:
+        """Give every request in flight its last event -> their ids."""
+        rids = list(self.queues)
+        for rid, (q, index) in self.queues.items():
+            q.put_nowait((index, Event(rid, -1, finish=finish, error=error)))
+        self.queues.clear()
+        return rids
 
     @property
     def in_flight(self) -> int:
@@ -168,9 +173,7 @@ class EngineClient:
         """Every waiting request gets the error; every later one EngineUnavailable."""
         if self.error is None:
             self.error = why
-        for rid, (q, index) in list(self.queues.items()):
-            q.put_nowait((index, Event(rid, -1, finish="unavailable", error=why)))
-        self.queues.clear()
+        self._finish_all("unavailable", why)
 
 
 # -- one request's choices -----------------------------------------------------------------------------------------

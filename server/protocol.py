@@ -18,6 +18,14 @@ def check_utf8(text: str) -> str:
     return text
 
 
+def check_prompt(prompt):
+    """A prompt (text, token ids, or a list of texts) whose texts are valid UTF-8."""
+    for s in [prompt] if isinstance(prompt, str) else prompt:
+        if isinstance(s, str):
+            check_utf8(s)
+    return prompt
+
+
 def _refused(name: str, value) -> str | None:
     """Why a request field that would change the output cannot be honoured (None: absent, empty or harmless)."""
     if value is None or value == [] or value == {} or value == "":
@@ -144,13 +152,7 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
 
-    @field_validator("prompt")
-    @classmethod
-    def _prompt_text(cls, v):
-        for s in [v] if isinstance(v, str) else v:
-            if isinstance(s, str):
-                check_utf8(s)
-        return v
+    _prompt_text = field_validator("prompt")(classmethod(lambda cls, v: check_prompt(v)))
 
 
 class LlamaCompletionRequest(_Sampling):
@@ -164,10 +166,7 @@ class LlamaCompletionRequest(_Sampling):
     min_p: float = Field(default=0.05, ge=0.0, le=1.0)
     cache_prompt: bool = True                                     # prompts are always prefix-cached
 
-    @field_validator("prompt")
-    @classmethod
-    def _prompt_text(cls, v):
-        return check_utf8(v) if isinstance(v, str) else v
+    _prompt_text = field_validator("prompt")(classmethod(lambda cls, v: check_prompt(v)))
 
     @field_validator("logit_bias", mode="before")
     @classmethod

@@ -9,8 +9,8 @@ slots from device memory, so one graph serves every step of its shape.
   write the KV cache's spare slot (cache.pad_slot) and whose logits are dropped.
 - mixed: decode rows beside short prefill chunks (a server's step: at most MAX_MIXED_ROWS rows, MAX_MIXED_PREFILL of
   them prefill), one graph per row bucket (ROW_BUCKETS), padded likewise; its logit rows are padded to
-  mixed_logit_rows() (extra rows repeat the last), so one graph serves every step of that many rows. Attention then takes every row as its own query over the cache (Batch.per_row), so the
-  launches depend on the row count alone.
+  mixed_logit_rows() (extra rows repeat the last), so one graph serves every step of that many rows. Attention then
+  takes every row as its own query over the cache (Batch.per_row), so the launches depend on the row count alone.
 - A server captures every decode and mixed graph it can reach before its first request (warm_up_shapes()).
 - prefill: ubatches of one sequence (at least MIN_PREFILL tokens at consecutive positions, the last token's logits
   or none), one graph per length, captured the second time that length comes (the ubatch size of a long prompt, a

@@ -54,8 +54,8 @@ MMVQT_WARPS = 8                                     # kernels/mmvq.cu: warps (16
 MMVQT_BLOCKS_PER_SM = 2                             # its blocks an SM holds (128 registers per thread)
 MMVQT_WIDE_FROM = 6                                 # ... from this many columns to 8: twice the warps, one block per SM
 MMVQT_MAX_RANGE = 16                                # super-blocks per k range at most (its shared memory)
-TC_MAX_COLS = 64                                    # mmvq_tc_q4_K takes up to this many columns in one launch ...
-# ... past 16 as the kernel of the next of build.TC_WIDE_NCOLS (multiples of 8)
+TC_MAX_COLS = TC_WIDE_NCOLS[-1]                     # mmvq_tc_q4_K takes up to this many columns in one launch, past
+                                                    # 16 as the kernel of the next of build.TC_WIDE_NCOLS
 MMVQT_SMEM_MAX = 227 * 1024                         # an sm_90 block's dynamic shared memory at most
 
 
