@@ -582,7 +582,7 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 // ---- Tensor-core MMVQ for Q4_K over k ranges (mmvq_tc_q4_K): same arguments, matrices, GLU and output as mmvq,
 // 1..16 columns, plus a partial-sum scratch and one counter per row block; groups = the k ranges ("splits"); and
 // the launch's column count, which past 16 columns may be below NCOLS (then a multiple of 8, 24..64: one kernel per
-// B-tile count, launch.TC_WIDE_NCOLS), the missing columns read as zeros and never written.
+// B-tile count, build.TC_WIDE_NCOLS), the missing columns read as zeros and never written.
 // Block (x, z) serves 16 x mmvqt_warps(NCOLS) consecutive rows (128; 256 at 6..8 columns, where sharing the activations
 // among more rows pays; with GLU half as many rows of the gate and the up matrix) over k range z, one 16-row tile per
 // warp (GLU: warps 2i and 2i + 1 take tile i's gate and up rows). The block first copies its k range's
@@ -997,7 +997,7 @@ INSTANTIATE_MMVQT_N(1) INSTANTIATE_MMVQT_N(2) INSTANTIATE_MMVQT_N(3) INSTANTIATE
 INSTANTIATE_MMVQT_N(5) INSTANTIATE_MMVQT_N(6) INSTANTIATE_MMVQT_N(7) INSTANTIATE_MMVQT_N(8)
 INSTANTIATE_MMVQT_N(9) INSTANTIATE_MMVQT_N(10) INSTANTIATE_MMVQT_N(11) INSTANTIATE_MMVQT_N(12)
 INSTANTIATE_MMVQT_N(13) INSTANTIATE_MMVQT_N(14) INSTANTIATE_MMVQT_N(15) INSTANTIATE_MMVQT_N(16)
-INSTANTIATE_MMVQT_N(24) INSTANTIATE_MMVQT_N(32) INSTANTIATE_MMVQT_N(40) INSTANTIATE_MMVQT_N(48)   // launch.TC_WIDE_NCOLS
+INSTANTIATE_MMVQT_N(24) INSTANTIATE_MMVQT_N(32) INSTANTIATE_MMVQT_N(40) INSTANTIATE_MMVQT_N(48)   // build.TC_WIDE_NCOLS
 INSTANTIATE_MMVQT_N(56) INSTANTIATE_MMVQT_N(64)
 #endif
 #define FOR_EACH_PIECE_QTYPE(X) X(T_Q4_K)        // the types with a piece<T> (build.py PIECE_QTYPES)
