@@ -8,6 +8,7 @@ import os
 import sys
 
 from . import hub
+from .cuda.config import MUL_MAT_PATHS
 from .gguf import GGUFError, GGUFFile, quoted
 
 KNOWN_ERRORS: tuple[type[BaseException], ...] = (GGUFError, ValueError, RuntimeError, OSError, KeyError)
@@ -15,6 +16,12 @@ KNOWN_ERRORS: tuple[type[BaseException], ...] = (GGUFError, ValueError, RuntimeE
 
 MAX_ERROR_CHARS = 300
 
+
+
+def _cuda_config(args):
+    """The CudaConfig the flags ask for (--eager, --mul-mat-path)."""
+    from .cuda.config import CudaConfig
+    return CudaConfig(mul_mat_path=args.mul_mat_path, graphs=not args.eager)
 
 def _fail(msg: str, code: int = 1) -> int:
     """One line on stderr: control characters escaped, cut to MAX_ERROR_CHARS."""
@@ -116,7 +123,8 @@ def _load_for_sampling(args, model: str | None):
 
     if args.n < -1:
         raise ValueError("-n must be >= 0, or -1 (until the end of generation or the context)")
-    rt = Runtime.load(model, device=args.device, n_ctx=args.ctx, n_ubatch=args.ubatch, kv_f32=args.kv_f32)
+    rt = Runtime.load(model, device=args.device, n_ctx=args.ctx, n_ubatch=args.ubatch, kv_f32=args.kv_f32,
+                      cuda=_cuda_config(args))
     params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             repeat_penalty=args.repeat_penalty, seed=args.seed)
     return rt, params, (args.n if args.n >= 0 else rt.n_ctx)
@@ -246,7 +254,8 @@ def cmd_serve(args) -> int:
         if value is not None and value < (0 if name == "max_queue" else 1):
             return _fail(f"--{name.replace('_', '-')} must be >= {0 if name == 'max_queue' else 1}")
     core = CoreConfig(model, device=args.device, n_parallel=args.parallel, n_ctx=args.ctx, n_ubatch=args.ubatch,
-                      max_batch_tokens=args.max_batch_tokens, kv_f32=args.kv_f32, prefix_cache=args.prefix_cache)
+                      max_batch_tokens=args.max_batch_tokens, kv_f32=args.kv_f32, prefix_cache=args.prefix_cache,
+                      cuda=_cuda_config(args))
     cfg = ServerConfig(core, api_key=_api_key(args), model_id=args.model if args.model in hub.MODELS else None,
                        max_body_bytes=int(args.max_body_mb * (1 << 20)), max_queue=args.max_queue,
                        stall_s=args.core_timeout, cors=args.cors, metrics_key=args.metrics_key)
@@ -294,7 +303,8 @@ def cmd_bench(args) -> int:
     from .runtime import Runtime
 
     n_ctx = max(args.p, args.n) + 16
-    rt = Runtime.load(args.model, device=args.device, n_ctx=n_ctx, n_ubatch=args.ubatch, kv_f32=args.kv_f32)
+    rt = Runtime.load(args.model, device=args.device, n_ctx=n_ctx, n_ubatch=args.ubatch, kv_f32=args.kv_f32,
+                      cuda=_cuda_config(args))
     rows = run_bench(rt, args.p, args.n, args.r)
     print(format_table(Path(rt.gguf.path).name, rt.backend.name, rows, args.ubatch))
     return 0
@@ -312,6 +322,9 @@ def _sampling_and_runtime_args(s) -> None:
     s.add_argument("--ctx", type=int, default=None, help="context length (default: the model's, at most 4096)")
     s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
     s.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
+    s.add_argument("--eager", action="store_true", help="no CUDA graphs: launch every kernel of every step")
+    s.add_argument("--mul-mat-path", default=None, choices=MUL_MAT_PATHS,
+                   help="every mul_mat through this kernel path where it takes the shape (default: the dispatch chain)")
     s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="prefill every prompt whole (default: a prompt prefix another request left in a KV slot, "
                         "or a running sequence has, is reused)")
@@ -370,6 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ubatch", type=int, default=512)
     s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
     s.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
+    s.add_argument("--eager", action="store_true", help="no CUDA graphs: launch every kernel of every step")
+    s.add_argument("--mul-mat-path", default=None, choices=MUL_MAT_PATHS,
+                   help="every mul_mat through this kernel path where it takes the shape (default: the dispatch chain)")
     s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="prefill every prompt whole (default: a prompt prefix another request left in a KV slot, "
                         "or a running sequence has, is reused)")
@@ -395,6 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens one scheduler step runs: a token per decoding sequence plus prompt chunks "
                         "(default: --ubatch)")
     s.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
+    s.add_argument("--eager", action="store_true", help="no CUDA graphs: launch every kernel of every step")
+    s.add_argument("--mul-mat-path", default=None, choices=MUL_MAT_PATHS,
+                   help="every mul_mat through this kernel path where it takes the shape (default: the dispatch chain)")
     s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="prefill every prompt whole (default: a prompt prefix another request left in a KV slot, "
                         "or a running sequence has, is reused)")

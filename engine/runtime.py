@@ -56,11 +56,13 @@ class Generation:
 
 class Runtime:
     def __init__(self, gguf: GGUFFile, device: str = "auto", n_ctx: int | None = None,
-                 n_ubatch: int = DEFAULT_UBATCH, exact: bool = False, n_seq: int = 1, kv_f32: bool = False):
+                 n_ubatch: int = DEFAULT_UBATCH, exact: bool = False, n_seq: int = 1, kv_f32: bool = False,
+                 cuda=None):
         self.gguf = gguf
         self.tokenizer = Tokenizer(gguf)
-        self.backend = get_backend(device, exact, kv_f32)
+        self.backend = get_backend(device, exact, kv_f32, cuda)
         self.model = load_model(gguf, self.backend)
+        self.backend.prepare_kernels()
         self.config = self.model.cfg
         if n_ubatch < 1:
             raise ValueError("n_ubatch must be >= 1")

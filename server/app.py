@@ -57,7 +57,7 @@ class ServerConfig:
     stall_s: float = 300.0                    # an engine core silent this long with requests waiting is stuck
     tokenizer_threads: int = 4
     cors: str | None = None                   # an origin allowed cross-origin requests ("*": any); None: none
-    core_main: Callable = run_core            # the engine-core process's main (scripts/bench_http.py: a stand-in)
+    core_main: Callable = run_core            # the engine-core process's main (scripts/bench.py http: a stand-in)
 
 
 class BodyLimit:

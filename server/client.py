@@ -49,7 +49,7 @@ class GenerationError(RuntimeError):
 class EngineClient:
     def __init__(self, cfg: CoreConfig, stall_s: float = 300.0, core_main=run_core):
         """core_main(cfg, in_addr, out_addr) is the engine-core process's main (a stand-in for benchmarks of the
-        HTTP layer: scripts/bench_http.py)."""
+        HTTP layer: scripts/bench.py http)."""
         self.cfg, self.stall_s = cfg, stall_s
         self.ready: Ready | None = None
         self.error: str | None = None            # why the core is unavailable (None: loading or ready)

@@ -30,6 +30,7 @@ class CoreConfig:
     kv_f32: bool = False
     warmup: bool = True
     prefix_cache: bool = True
+    cuda: object = None                        # engine.cuda.config.CudaConfig (None: the defaults)
 
 
 def run_core(cfg: CoreConfig, in_addr: str, out_addr: str) -> None:
@@ -89,7 +90,7 @@ class EngineCore:
         self.cfg = cfg
         n_seq = cfg.n_parallel or default_parallel(cfg)
         self.rt = Runtime.load(cfg.model, device=cfg.device, n_ctx=cfg.n_ctx, n_seq=n_seq,
-                               n_ubatch=cfg.n_ubatch, kv_f32=cfg.kv_f32)
+                               n_ubatch=cfg.n_ubatch, kv_f32=cfg.kv_f32, cuda=cfg.cuda)
         self.sched = Scheduler(self.rt, cfg.max_batch_tokens, cfg.prefix_cache)
         self.seq_of: dict[int, int] = {}          # request id -> scheduler sequence id
         self.events: list[Event] = []

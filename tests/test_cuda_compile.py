@@ -1,85 +1,147 @@
-"""Every CUDA kernel family compiles with nvcc for sm_80, sm_89 and sm_90 (no GPU needed)."""
-import os
-import shutil
+"""The kernels built ahead of time (engine/cuda/aot.py, run by `pip install`): every family's cubin for every
+architecture, each with every kernel's symbol; the launch rules read the kernels' own constants. No GPU needed."""
+import json
 import subprocess
+import sys
 
 import pytest
 
-from engine.cuda.build import FAMILIES, QTYPES, check_type_list, expanded_source
+from engine.cuda import aot, build
+from engine.quants import GGMLType
+
+NVCC = aot.find_nvcc()
 
 
-def find_nvcc():
-    for c in (shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc"):
-        if c and os.path.exists(c):
-            return c
-    return None
+def test_type_list_is_the_ggml_numbering():
+    """common.cuh's T_<type> numbers (build.QTYPES, read from it) are GGUF's type numbers."""
+    assert len(build.QTYPES) == 12
+    for name, value in build.QTYPES.items():
+        assert int(GGMLType[name[2:]]) == value
 
 
-NVCC = find_nvcc()
+def test_canonical_names_match_demangled_symbols():
+    """A name expression and the demangled symbol of its kernel compare equal (typedefs spelled out)."""
+    assert build.canonical_name("void kv_store<unsigned short>(float const*, unsigned short*)") == \
+        build.canonical_name("kv_store<u16>")
+    assert build.canonical_name("quantize_q8_1(float const*, signed char*)") == "quantize_q8_1"
+    assert build.canonical_name("void mmvq<12, 8, 0>(unsigned char const*)") == build.canonical_name("mmvq<12, 8, 0>")
 
 
-def test_type_lists_agree():
-    check_type_list()
-    assert len(QTYPES) == 12
+def test_groups_split_families_by_kernel_and_first_argument():
+    assert build.group_of("mmvq<12, 8, 0>") == "mmvq<12"
+    assert build.group_of("attention_split<u16, 4>") == "attention_split<u16"
+    assert build.group_of("mmq_split_sum") == "mmq_split_sum"
+    assert build.group_of("dequantize_f16<14>") == "dequantize_f16<14"
 
 
-def nvcc_compile(tmp_path, family: str, arch: str, *defines: str) -> subprocess.CompletedProcess:
-    """nvcc -c of a kernel family's expanded source for arch, with extra -D defines."""
-    src = tmp_path / f"{family}.cu"
-    src.write_text(expanded_source(family))
-    return subprocess.run([NVCC, f"-arch={arch}", "-std=c++17", "-c", str(src), "-o", str(tmp_path / "k.o"),
-                           *defines], capture_output=True, text=True, timeout=600)
+def test_prebuilt_arch_takes_same_major_below():
+    built = ["sm_80", "sm_86", "sm_90"]
+    assert build.prebuilt_arch("sm_90", built) == "sm_90"
+    assert build.prebuilt_arch("sm_89", built) == "sm_86"        # CUDA runs sm_86 code on sm_89
+    assert build.prebuilt_arch("sm_87", ["sm_80"]) == "sm_80"
+    assert build.prebuilt_arch("sm_120", built) is None          # no binary: NVRTC
+    assert build.prebuilt_arch("sm_75", built) is None
 
 
-@pytest.mark.skipif(NVCC is None, reason="no CUDA compiler on this machine")
-@pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_90"])
-@pytest.mark.parametrize("family", FAMILIES)
-def test_compiles(tmp_path, family, arch):
-    r = nvcc_compile(tmp_path, family, arch)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "warning" not in r.stderr.lower(), r.stderr[-3000:]
-
-
-def kernel_constants(family: str) -> dict[str, int]:
-    """The integer #defines of a kernel family's file (after common.cuh), evaluated."""
+def test_no_kernel_source_instantiates_or_reads_the_environment():
+    """The kernel list lives in build.name_expressions only, and no kernel is chosen by an environment variable."""
     import re
-    defs = dict(re.findall(r"^#define (\w+) (.+?)\s*(?://.*)?$", expanded_source(family), re.M))
-    values = {}
+    from pathlib import Path
+    for path in build.KERNEL_DIR.iterdir():
+        text = path.read_text()
+        assert "template __global__" not in text, path.name
+        assert "#ifndef" not in text and "#ifdef" not in text, f"{path.name}: a compile-time switch"
+    for path in (Path(build.__file__).parent).glob("*.py"):
+        assert not re.search(r"environ\.get\(\"ENGINE_", path.read_text()), path.name
+    backends = Path(build.__file__).parent.parent / "backends"
+    for path in backends.glob("*.py"):
+        assert "ENGINE_" not in path.read_text(), path.name
 
-    def value(name):
-        if name not in values:
-            expr = re.sub(r"[A-Za-z_]\w*", lambda mt: str(value(mt.group(0))), defs[name])
-            expr = re.sub(r"\(([^()?]+)\?([^():]+):([^()]+)\)", r"((\2) if (\1) else (\3))", expr)   # a ? b : c
-            values[name] = int(eval(expr.replace("/", "//"), {"__builtins__": {}}))
-        return values[name]
-    return {name: value(name) for name in defs if re.fullmatch(r"[\d\s()+*/<>?:A-Z_-]+", defs[name])}
 
-
-def test_launch_constants_match_kernels():
-    """launch.py's copies of the MMQ tile and shared-memory sizes equal the ones kernels/mmq.cu defines."""
+def test_launch_rules_read_the_kernels_constants():
+    """launch.py's tile and shared-memory sizes are the kernels' own #defines (no copies), and its mmvq_tc_q4_K
+    shared-memory rule adds up the kernel's layout."""
     from engine.cuda import launch
-    c = kernel_constants("mmq")
-    assert (c["MMQ_BM"], c["MMQ_BN"], c["MMQ_KT"]) == (launch.MMQ_BM, launch.MMQ_BN, launch.MMQ_KT)
-    assert c["MMQ_SMEM_BYTES"] == launch.MMQ_SMEM_BYTES and c["MMQK_SMEM_BYTES"] == launch.MMQK_SMEM_BYTES
+    c, v = build.constants("mmq"), build.constants("mmvq")
+    assert (launch.MMQ_BM, launch.MMQ_BN, launch.MMQ_KT) == (c["MMQ_BM"], c["MMQ_BN"], c["MMQ_KT"])
+    assert launch.MMQ_SMEM_BYTES == c["MMQ_SMEM_BYTES"] and launch.MMQK_SMEM_BYTES == c["MMQK_SMEM_BYTES"]
+    acts_and_sums = 8 * 8 * (32 + 8) + v["MMVQT_WARPS"] * 16 * 4     # k = 256, one column: 8 chunks x 8 B columns
+    assert launch.mmvqt_smem_bytes(256, 1, 1) == acts_and_sums + v["MMVQT_WARPS"] * 16 * v["MMVQT_WIN_LD"]
+    wide = 2 * v["MMVQT_WARPS"]                                     # 8 columns: twice the warps
+    assert launch.mmvqt_warps(8) == wide and launch.mmvqt_warps(v["MMVQT_WIDE_FROM"] - 1) == v["MMVQT_WARPS"]
+    assert [launch.mmvq_rows(n) for n in (1, 2, 8)] == [v["MMVQ_ROWS_1"], v["MMVQ_ROWS_N"], v["MMVQ_ROWS_N"]]
 
 
-def test_mmvq_tc_constants_match_launch():
-    """launch.py's copies of mmvq_tc_q4_K's warps (and where its blocks are twice as wide), range cap and stages, and
-    its window size in mmvqt_smem_bytes, equal kernels/mmvq.cu's."""
-    from engine.cuda import launch
-    c = kernel_constants("mmvq")
-    assert (c["MMVQT_WARPS"], c["MMVQT_MAX_RANGE"], c["MMVQT_STAGES"], c["MMVQT_WIDE_FROM"]) == \
-        (launch.MMVQT_WARPS, launch.MMVQT_MAX_RANGE, launch.MMVQT_STAGES, launch.MMVQT_WIDE_FROM)
-    acts_and_sums = 8 * 8 * (32 + 8) + c["MMVQT_WARPS"] * 16 * 4     # k = 256, one column: 8 chunks x 8 B columns
-    assert launch.mmvqt_smem_bytes(256, 1, 1) == acts_and_sums + c["MMVQT_WARPS"] * 16 * c["MMVQT_WIN_LD"]
-    wide = 2 * c["MMVQT_WARPS"]                                     # 8 columns: twice the warps
-    assert launch.mmvqt_warps(8) == wide and launch.mmvqt_warps(c["MMVQT_WIDE_FROM"] - 1) == c["MMVQT_WARPS"]
-    assert launch.mmvqt_smem_bytes(256, 8, 1) == 8 * 8 * (32 + 8) + wide * (16 * 8 * 4 + 16 * c["MMVQT_WIN_LD"])
+def test_source_key_follows_the_source(monkeypatch):
+    """An edited kernel source gets another key, so a cubin built from the old one is not loaded."""
+    key = build.source_key("rms_norm")
+    original = build.expanded_source
+    monkeypatch.setattr(build, "expanded_source", lambda f: original(f) + "\n// edited\n")
+    assert build.source_key("rms_norm") != key
 
 
-@pytest.mark.skipif(NVCC is None, reason="no CUDA compiler on this machine")
-def test_mmvq_tc_diagnostic_build_compiles(tmp_path):
-    """mmvq_tc_q4_K's timing diagnostics (MMVQT_DIAG, MMVQT_TRACE; scripts/bench_mmvq_tc_variants.py) still build."""
-    r = nvcc_compile(tmp_path, "mmvq", "sm_90", "-DMMVQ_SKIP_MMA", "-DMMVQ_ONLY_TYPE=12", "-DMMVQT_DIAG=15",
-                     "-DMMVQT_TRACE")
-    assert r.returncode == 0, r.stderr[-3000:]
+def _current_manifest(folder) -> dict | None:
+    path = folder / "manifest.json"
+    if not path.exists():
+        return None
+    manifest = json.loads(path.read_text())
+    ok = all(f in manifest and manifest[f]["key"] == build.source_key(f) and
+             manifest[f]["archs"] == list(build.PREBUILT_ARCHS) for f in build.FAMILIES)
+    return manifest if ok else None
+
+
+@pytest.fixture(scope="module")
+def prebuilt(tmp_path_factory):
+    """(folder, manifest) of cubins built from the current sources: the install's own (`pip install` built them),
+    else built here."""
+    if NVCC is None:
+        pytest.skip("no CUDA compiler on this machine")
+    manifest = _current_manifest(build.PREBUILT_DIR)
+    if manifest is not None:
+        return build.PREBUILT_DIR, manifest
+    folder = tmp_path_factory.mktemp("prebuilt")
+    return folder, aot.build_all(folder, log=lambda m: None)
+
+
+def test_every_family_builds_for_every_architecture(prebuilt):
+    """nvcc built each family for each of PREBUILT_ARCHS (aot.compile_family fails on any warning), and each cubin
+    holds every kernel the family lists, under the symbol the manifest gives."""
+    folder, manifest = prebuilt
+    for family in build.FAMILIES:
+        for arch in build.PREBUILT_ARCHS:
+            table = aot.symbol_table(folder / f"{family}.{arch}.cubin", family)
+            assert table == manifest[family]["symbols"]
+            assert len(table) == len(build.name_expressions(family))
+
+
+def test_install_builds_the_kernels():
+    """With nvcc on the machine, `pip install` (setup.py) left cubins built from the current sources in the
+    package: what the first `engine generate --device cuda` loads instead of compiling."""
+    if NVCC is None:
+        pytest.skip("no CUDA compiler on this machine")
+    assert _current_manifest(build.PREBUILT_DIR) is not None, \
+        "engine/cuda/prebuilt is missing or older than the sources: pip install -e . (or python -m engine.cuda.aot)"
+
+
+def test_aot_command_line_reports_a_missing_compiler(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(aot, "find_nvcc", lambda: None)
+    assert aot.main(["--out", str(tmp_path)]) == 1
+    assert "nvcc not found" in capsys.readouterr().err
+
+
+def test_prepare_compiles_only_the_models_types(monkeypatch):
+    """Without prebuilt kernels, prepare() compiles the groups a model of these types needs, in parallel, and no group
+    of another quantized type."""
+    compiled = []
+    monkeypatch.setattr(build, "_prebuilt", lambda family: None)
+    monkeypatch.setattr(build, "_nvrtc_group", lambda family, group, announce: compiled.append((family, group)))
+    monkeypatch.setattr(build, "_arch", lambda: "sm_120")
+    build.prepare({12, 14})                                       # Q4_K and Q6_K
+    groups = {g for _, g in compiled}
+    assert {"mmvq<12", "mmvq<14", "mmq<12", "mmq<14", "dequantize_f16<14", "mmvq_tc_q4_K<1", "mmvq_q4_K_pairs<1",
+            "mmq_q4_K", "rms_norm", "attention<u16", "quantize_q8_1"} <= groups
+    assert not {"mmvq<2", "mmq<8", "dequantize_f32<20"} & groups
+    assert len(compiled) == len(set(compiled))
+    compiled.clear()
+    build.prepare({8})                                            # Q8_0 only: none of Q4_K's kernels
+    assert not any(g.startswith(("mmvq_tc", "mmvq_pieces", "mmvq_q4_K", "mmq_q4_K", "mmvq<12")) for _, g in compiled)

@@ -100,16 +100,22 @@ def test_mul_mat_quantized(t):
                 assert nmse(y, ref) <= bound, f"{label}: nmse {nmse(y, ref):.3g}"
 
 
-@pytest.mark.parametrize("t,q4k", [(GGMLType.Q4_K, "1"), (GGMLType.Q4_K, "0"), (GGMLType.Q6_K, ""),
-                                   (GGMLType.Q8_0, ""), (GGMLType.Q4_1, "")], ids=lambda v: getattr(v, "name", v))
-def test_mmq_split_k(monkeypatch, t, q4k):
-    """MMQ (for Q4_K: mmq_q4_K on the raw blocks, or with ENGINE_MMQ_Q4K=0 the generic kernel) with k split over 1,
-    3 (uneven: 6 + 6 + 4 stages) and 16 blocks (one stage each), then the partials added in order: against numpy,
-    against the unsplit kernel, and the same bits on a second run."""
+@pytest.mark.parametrize("t,q4k", [(GGMLType.Q4_K, True), (GGMLType.Q4_K, False), (GGMLType.Q6_K, True),
+                                   (GGMLType.Q8_0, True), (GGMLType.Q4_1, True)], ids=lambda v: getattr(v, "name", v))
+def test_mmq_split_k(t, q4k):
+    """MMQ (for Q4_K: mmq_q4_K on the raw blocks, or with CudaConfig.mmq_q4_K False the generic kernel) with k split
+    over 1, 3 (uneven: 6 + 6 + 4 stages) and 16 blocks (one stage each), then the partials added in order: against
+    numpy, against the unsplit kernel, and the same bits on a second run."""
+    from engine.cuda.config import forced
+    with forced(mmq_q4_K=q4k):
+        mmq_split_k_cases(t, q4k)
+
+
+def mmq_split_k_cases(t, q4k):
     import cupy as cp
     from engine.cuda import launch
-    monkeypatch.setenv("ENGINE_MMQ_Q4K", q4k)
-    assert launch.mmq_kernel(int(t))[0] == ("mmq_q4_K" if q4k == "1" else f"mmq<{int(t)}>")
+    from engine.cuda.config import forced
+    assert launch.mmq_kernel(int(t))[0] == ("mmq_q4_K" if q4k and t == GGMLType.Q4_K else f"mmq<{int(t)}>")
     rng = np.random.default_rng()
     m, k = 200, 4096
     w, rw = random_weight(t, m, k, rng)
@@ -118,14 +124,14 @@ def test_mmq_split_k(monkeypatch, t, q4k):
         _, xq = q8_1_ref(x)
         qs, ds = launch.quantize_q8_1(cp.asarray(x), (n + 63) // 64 * 64)
         ys = {}
-        for splits in ("1", "3", "16"):
-            monkeypatch.setenv("ENGINE_MMQ_SPLITS", splits)
-            assert launch.mmq_splits(m, qs.shape[0], k, 132)[0] == int(splits)
-            y = launch.mmq(w, qs, ds, n, cp.full((n, m), cp.nan, cp.float32)).get()
-            assert np.isfinite(y).all() and nmse(y, xq @ rw.T) <= 1e-8, (t.name, n, splits)
-            assert np.array_equal(y, launch.mmq(w, qs, ds, n).get()), (t.name, n, splits, "run to run")
+        for splits in (1, 3, 16):
+            with forced(mmq_splits=splits):
+                assert launch.mmq_splits(m, qs.shape[0], k, 132)[0] == splits
+                y = launch.mmq(w, qs, ds, n, cp.full((n, m), cp.nan, cp.float32)).get()
+                assert np.isfinite(y).all() and nmse(y, xq @ rw.T) <= 1e-8, (t.name, n, splits)
+                assert np.array_equal(y, launch.mmq(w, qs, ds, n).get()), (t.name, n, splits, "run to run")
             ys[splits] = y
-        assert nmse(ys["3"], ys["1"]) <= 1e-12 and nmse(ys["16"], ys["1"]) <= 1e-12, (t.name, n)
+        assert nmse(ys[3], ys[1]) <= 1e-12 and nmse(ys[16], ys[1]) <= 1e-12, (t.name, n)
 
 
 @pytest.mark.parametrize("t", [GGMLType.F16, GGMLType.F32], ids=lambda t: t.name)
@@ -147,19 +153,20 @@ def test_mul_mat_float(t):
             assert nmse(y, ref) <= 1e-6, (m, k, n, nmse(y, ref))
 
 
-@pytest.mark.parametrize("kernel", ["tc", "mma", "pieces", "pairs", "mmvq"])
-def test_q4_K_mmvq_kernels_every_ncols(monkeypatch, kernel):
-    """Q4_K through each of its MMVQ kernels (ENGINE_MMVQ_TC / _MMA / _PIECES / _PAIRS) at every column count it
-    takes (9..16: the tensor-core kernels in one launch, the others in two; the tensor-core kernel also past 16, up
+@pytest.mark.parametrize("kernel", ["tc", "pieces", "pairs", "mmvq"])
+def test_q4_K_mmvq_kernels_every_ncols(kernel):
+    """Q4_K through each of its MMVQ kernels (CudaConfig.mmvq_q4_K) at every column count it
+    takes (9..16: the tensor-core kernel in one launch, the others in two; the tensor-core kernel also past 16, up
     to 64 columns, in kernels of 24..64 with fewer columns present), plain, three matrices in one launch and with
     the GLU epilogue, against numpy."""
+    from engine.cuda.config import forced
+    with forced(mmvq_q4_K=kernel, mul_mat_path="mmvq"):          # mul_mats and glu too, past the dispatch table's n
+        q4_K_mmvq_cases(kernel)
+
+
+def q4_K_mmvq_cases(kernel):
     import cupy as cp
     from engine.cuda import dispatch, launch
-    monkeypatch.setenv("ENGINE_MMVQ_TC", "all" if kernel == "tc" else "0")
-    monkeypatch.setenv("ENGINE_MMVQ_MMA", "all" if kernel == "mma" else "0")
-    monkeypatch.setenv("ENGINE_MMVQ_PIECES", "all" if kernel == "pieces" else "0")
-    monkeypatch.setenv("ENGINE_MMVQ_PAIRS", "1" if kernel == "pairs" else "0")
-    monkeypatch.setenv("ENGINE_MUL_MAT_PATH", "mmvq")             # mul_mats and glu too, past the dispatch table's n
     ncols = range(1, launch.PAIRS_MAX_COLS + 1) if kernel == "pairs" else range(1, 17)
     if kernel == "tc":
         ncols = [*ncols, 17, 23, 24, 31, 32, 40, 47, 56, 63, 64]
@@ -181,14 +188,13 @@ def test_q4_K_mmvq_kernels_every_ncols(monkeypatch, kernel):
             assert nmse(y, gate / (1 + np.exp(-gate)) * up) <= 1e-8, (kernel, m, k, n, "glu")
 
 
-def test_q4_K_mmvq_tc_every_split(monkeypatch):
-    """mmvq_tc_q4_K with k cut into 1..7 ranges (ENGINE_MMVQ_TC_SPLITS; the last range's block adds the ranges'
+def test_q4_K_mmvq_tc_every_split():
+    """mmvq_tc_q4_K with k cut into 1..7 ranges (CudaConfig.mmvq_tc_splits; the last range's block adds the ranges'
     sums; at 8 columns the blocks of twice the warps; at 20 and 64 the kernels past 16 columns): against numpy, the
     same bits run to run, and its counters left at zero; plain, q/k/v and GLU."""
     import cupy as cp
     from engine.cuda import dispatch, launch
-    monkeypatch.setenv("ENGINE_MMVQ_TC", "all")
-    monkeypatch.setenv("ENGINE_MUL_MAT_PATH", "mmvq")             # mul_mats and glu too, past the dispatch table's n
+    from engine.cuda.config import forced
     rng = np.random.default_rng()
     m, k = 300, 1792                                               # 3 row blocks of 128, 7 super-blocks per row
     (w, rw), (wk, rk), (wu, ru) = (random_weight(GGMLType.Q4_K, rows, k, rng) for rows in (m, 45, m))
@@ -197,16 +203,16 @@ def test_q4_K_mmvq_tc_every_split(monkeypatch):
         _, xq = q8_1_ref(x)
         gate, up = xq @ rw.T, xq @ ru.T
         for splits in range(1, 8):
-            monkeypatch.setenv("ENGINE_MMVQ_TC_SPLITS", str(splits))
-            y = dispatch.mul_mat(w, cp.asarray(x), path="mmvq", out=cp.full((n, m), cp.nan, cp.float32)).get()
-            assert np.isfinite(y).all() and nmse(y, gate) <= 1e-8, (n, splits)
-            assert np.array_equal(y, dispatch.mul_mat(w, cp.asarray(x), path="mmvq").get()), (n, splits)
-            yq, yk = (o.get() for o in dispatch.mul_mats([w, wk], cp.asarray(x)))
-            assert nmse(yq, gate) <= 1e-8 and nmse(yk, xq @ rk.T) <= 1e-8, (n, splits, "q/k")
-            y = dispatch.glu(w, wu, cp.asarray(x), "gelu").get()
-            ref = 0.5 * gate * (1 + np.tanh(0.7978845608028654 * (gate + 0.044715 * gate ** 3))) * up
-            assert nmse(y, ref) <= 1e-8, (n, splits, "glu")
-            assert not launch._tc_scratch[-1][1].any(), (n, splits, "counters")
+            with forced(mmvq_q4_K="tc", mul_mat_path="mmvq", mmvq_tc_splits=splits):
+                y = dispatch.mul_mat(w, cp.asarray(x), path="mmvq", out=cp.full((n, m), cp.nan, cp.float32)).get()
+                assert np.isfinite(y).all() and nmse(y, gate) <= 1e-8, (n, splits)
+                assert np.array_equal(y, dispatch.mul_mat(w, cp.asarray(x), path="mmvq").get()), (n, splits)
+                yq, yk = (o.get() for o in dispatch.mul_mats([w, wk], cp.asarray(x)))
+                assert nmse(yq, gate) <= 1e-8 and nmse(yk, xq @ rk.T) <= 1e-8, (n, splits, "q/k")
+                y = dispatch.glu(w, wu, cp.asarray(x), "gelu").get()
+                ref = 0.5 * gate * (1 + np.tanh(0.7978845608028654 * (gate + 0.044715 * gate ** 3))) * up
+                assert nmse(y, ref) <= 1e-8, (n, splits, "glu")
+                assert not launch._tc_scratch[-1][1].any(), (n, splits, "counters")
 
 
 @pytest.mark.parametrize("t", QTYPES, ids=lambda t: t.name)
@@ -229,3 +235,32 @@ def test_mmvq_multi_and_glu(t):
                          ("gelu", 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3))) * u)):
             y = dispatch.glu(wg, wu, cp.asarray(x), act).get()
             assert nmse(y, ref) <= 1e-8, (t.name, n, act, nmse(y, ref))
+
+
+@pytest.mark.parametrize("t", [GGMLType.Q8_0, GGMLType.Q4_K], ids=lambda t: t.name)
+def test_nvrtc_fallback_equals_prebuilt(t):
+    """A GPU without a prebuilt binary compiles the kernels with NVRTC (one group at a time): the same source gives
+    the prebuilt cubin's bits, for a plain kernel (rms_norm) and a templated one (dequantize_f32<T>)."""
+    import cupy as cp
+    from engine.backends.cuda import norm_threads
+    from engine.cuda import build
+    if build._prebuilt("dequantize") is None or build._prebuilt("rms_norm") is None:
+        pytest.skip("no prebuilt kernels for this GPU in this install")
+    rng = np.random.default_rng()
+    w, ref = random_weight(t, 37, 512, rng)
+    outs = []
+    for get in (build._prebuilt("dequantize").get_function,
+                build._nvrtc_group("dequantize", f"dequantize_f32<{int(t)}").get_function):
+        out = cp.full((37, 512), cp.nan, cp.float32)
+        get(f"dequantize_f32<{int(t)}>")((((37 * 16) + 255) // 256,), (256,),
+                                         (w.data, np.uint64(0), out, np.int32(37), np.int32(512), np.int64(w.row_bytes)))
+        outs.append(out.get())
+    assert np.array_equal(outs[0], outs[1]) and np.allclose(outs[0], ref, rtol=1e-6, atol=1e-6)
+    x = cp.asarray(rng.standard_normal((5, 576)).astype(np.float32))
+    g = cp.asarray(rng.standard_normal(576).astype(np.float32))
+    ys = []
+    for mod in (build._prebuilt("rms_norm"), build._nvrtc_group("rms_norm", "rms_norm")):
+        y = cp.full((5, 576), cp.nan, cp.float32)
+        mod.get_function("rms_norm")((5,), (norm_threads(576),), (x, g, y, np.int32(576), np.float32(1e-6)))
+        ys.append(y.get())
+    assert np.array_equal(ys[0], ys[1]) and np.isfinite(ys[0]).all()

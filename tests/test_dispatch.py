@@ -1,6 +1,7 @@
 """The mul_mat dispatch table (no GPU needed: the choice is made from the weight's type and shape)."""
 import pytest
 
+from engine.cuda.config import CudaConfig, forced
 from engine.cuda.dispatch import Activations, choose_path, resolve_path
 from engine.cuda.weights import GPUWeight
 from engine.quants import GGMLType
@@ -29,21 +30,24 @@ def test_sm90_table():
     assert choose_path(large, 16, (8, 9)) == "mmvq" and choose_path(large, 17, (8, 9)) == "dequant"   # not measured
 
 
-def test_forced_paths(monkeypatch):
+def test_forced_paths():
     w = weight(GGMLType.Q8_0, 4096, 4096)
-    monkeypatch.setenv("ENGINE_MUL_MAT_PATH", "mmq")
-    assert resolve_path(w, 3) == "mmq"
-    assert resolve_path(weight(GGMLType.F32, 64, 64), 3) == "mmvf"     # float weights have no q8_1 path
-    monkeypatch.setenv("ENGINE_MUL_MAT_PATH", "mmvq")
-    assert resolve_path(w, 16) == "mmvq"
-    with pytest.raises(ValueError, match="at most 16"):
-        resolve_path(w, 17)
-    assert resolve_path(weight(GGMLType.Q4_K, 4096, 4096), 64) == "mmvq"      # Q4_K's tensor-core kernel
-    with pytest.raises(ValueError, match="at most 64"):
-        resolve_path(weight(GGMLType.Q4_K, 4096, 4096), 65)
-    monkeypatch.setenv("ENGINE_MUL_MAT_PATH", "bogus")
+    with forced(mul_mat_path="mmq"):
+        assert resolve_path(w, 3) == "mmq"
+        assert resolve_path(weight(GGMLType.F32, 64, 64), 3) == "mmvf"     # float weights have no q8_1 path
+    with forced(mul_mat_path="mmvq"):
+        assert resolve_path(w, 16) == "mmvq"
+        with pytest.raises(ValueError, match="at most 16"):
+            resolve_path(w, 17)
+        assert resolve_path(weight(GGMLType.Q4_K, 4096, 4096), 64) == "mmvq"      # Q4_K's tensor-core kernel
+        with pytest.raises(ValueError, match="at most 64"):
+            resolve_path(weight(GGMLType.Q4_K, 4096, 4096), 65)
     with pytest.raises(ValueError, match="unknown mul_mat path"):
-        resolve_path(w, 3)
+        resolve_path(w, 3, "bogus")
+    with pytest.raises(ValueError, match="unknown mul_mat path"):
+        CudaConfig(mul_mat_path="bogus")
+    with pytest.raises(ValueError, match="unknown Q4_K MMVQ kernel"):
+        CudaConfig(mmvq_q4_K="mma")
 
 
 def test_activation_forms_follow_the_last_array():
@@ -57,13 +61,11 @@ def test_activation_forms_follow_the_last_array():
     assert acts.x is None and acts.forms == {}
 
 
-def test_mmvq_kernel_choice(monkeypatch):
-    """Q4_K takes mmvq_q4_K_pairs at one column, mmvq at 2-4 and mmvq_pieces at 5-8, mmvq_tc_q4_K at 9-16 and from 3
-    columns for large matrices (2 for long rows); ENGINE_MMVQ_PAIRS / _PIECES / _MMA / _TC choose a kernel."""
+def test_mmvq_kernel_choice():
+    """Q4_K takes mmvq_q4_K_pairs at one column, mmvq at 2-4 and mmvq_pieces at 5-8, mmvq_tc_q4_K at 9-64 and from 3
+    columns for large matrices (2 for long rows); CudaConfig.mmvq_q4_K forces one of them."""
     from engine.cuda.launch import mmvq_choice
     q4k, q6k = int(GGMLType.Q4_K), int(GGMLType.Q6_K)
-    for var in ("ENGINE_MMVQ_TC", "ENGINE_MMVQ_PIECES", "ENGINE_MMVQ_MMA", "ENGINE_MMVQ_PAIRS"):
-        monkeypatch.delenv(var, raising=False)
     assert [mmvq_choice(q4k, n, 0)[0].split("<")[0] for n in range(1, 9)] == (
         ["mmvq_q4_K_pairs"] + ["mmvq"] * 3 + ["mmvq_pieces"] * 4)
     assert mmvq_choice(q4k, 1, 0)[:2] == ("mmvq_q4_K_pairs<1, 0>", 2)     # two rows per group
@@ -78,25 +80,20 @@ def test_mmvq_kernel_choice(monkeypatch):
     assert mmvq_choice(q4k, 2, 0, big, 4096)[0] == mmvq_choice(q4k, 2, 0, 4096 * 4096, 4096)[0] == "mmvq<12, 2, 0>"
     assert mmvq_choice(q4k, 1, 0, big, 14336)[0] == "mmvq_q4_K_pairs<1, 0>"
     assert mmvq_choice(q6k, 8, 0, big)[0] == "mmvq<14, 8, 0>"
-    monkeypatch.setenv("ENGINE_MMVQ_PAIRS", "0")
-    assert mmvq_choice(q4k, 1, 0)[0] == "mmvq<12, 1, 0>"
-    monkeypatch.delenv("ENGINE_MMVQ_PAIRS")
     assert all(mmvq_choice(q6k, n, 0)[0].startswith("mmvq<") for n in range(1, 9))
     assert mmvq_choice(q4k, 8, 1)[:2] == ("mmvq_pieces<12, 8, 1>", 2)       # GLU: half the rows of the group
-    monkeypatch.setenv("ENGINE_MMVQ_TC", "0")
-    assert mmvq_choice(q4k, 8, 0, big)[0] == "mmvq_pieces<12, 8, 0>" and mmvq_choice(q4k, 12, 0)[0].startswith(
-        "mmvq_mma_q4_K")
-    monkeypatch.delenv("ENGINE_MMVQ_TC")
-    monkeypatch.setenv("ENGINE_MMVQ_PIECES", "0")
-    assert mmvq_choice(q4k, 8, 0)[0] == "mmvq<12, 8, 0>"
-    monkeypatch.setenv("ENGINE_MMVQ_PIECES", "all")
-    assert mmvq_choice(q4k, 1, 0)[0] == "mmvq_pieces<12, 1, 0>"
-    monkeypatch.setenv("ENGINE_MMVQ_MMA", "all")
-    assert mmvq_choice(q4k, 3, 2)[0] == "mmvq_mma_q4_K<3, 2>" and mmvq_choice(q6k, 3, 0)[0] == "mmvq<14, 3, 0>"
-    monkeypatch.setenv("ENGINE_MMVQ_TC", "all")
-    assert mmvq_choice(q4k, 5, 0)[:2] == ("mmvq_tc_q4_K<5, 0>", 128)      # 8 warps of 16 rows
-    assert mmvq_choice(q4k, 5, 2)[:2] == ("mmvq_tc_q4_K<5, 2>", 64)       # GLU: gate and up tiles
-    assert mmvq_choice(q6k, 3, 0)[0] == "mmvq<14, 3, 0>"
+    assert mmvq_choice(q4k, 20, 0)[0] == "mmvq_tc_q4_K<24, 0>"              # past 16: the next wide kernel
+    with forced(mmvq_q4_K="mmvq"):
+        assert mmvq_choice(q4k, 1, 0)[0] == "mmvq<12, 1, 0>" and mmvq_choice(q4k, 8, 0, big)[0] == "mmvq<12, 8, 0>"
+    with forced(mmvq_q4_K="pieces"):
+        assert mmvq_choice(q4k, 1, 0)[0] == "mmvq_pieces<12, 1, 0>" and mmvq_choice(q4k, 8, 0, big)[0] == \
+            "mmvq_pieces<12, 8, 0>"
+    with forced(mmvq_q4_K="pairs"):
+        assert mmvq_choice(q4k, 1, 0)[0] == "mmvq_q4_K_pairs<1, 0>" and mmvq_choice(q4k, 5, 0)[0] == "mmvq<12, 5, 0>"
+    with forced(mmvq_q4_K="tc"):
+        assert mmvq_choice(q4k, 5, 0)[:2] == ("mmvq_tc_q4_K<5, 0>", 128)      # 8 warps of 16 rows
+        assert mmvq_choice(q4k, 5, 2)[:2] == ("mmvq_tc_q4_K<5, 2>", 64)       # GLU: gate and up tiles
+        assert mmvq_choice(q6k, 3, 0)[0] == "mmvq<14, 3, 0>"
 
 
 def test_mmvqt_splits(monkeypatch):
@@ -104,7 +101,6 @@ def test_mmvqt_splits(monkeypatch):
     MMVQT_MAX_RANGE super-blocks each, none empty."""
     from engine.cuda import launch
     monkeypatch.setattr(launch, "_sm_count", lambda: 132)
-    monkeypatch.delenv("ENGINE_MMVQ_TC_SPLITS", raising=False)
     assert launch.mmvqt_splits(32, 14336, 1) == 8         # 4096 x 14336: 32 row blocks x 8 ranges of 7
     assert launch.mmvqt_splits(224, 4096, 1) == 1         # gate/up GLU of 14336 rows: one range of 16
     assert launch.mmvqt_splits(2, 1792, 1) == 7           # capped by the 7 super-blocks
@@ -118,39 +114,38 @@ def test_mmvqt_splits(monkeypatch):
             s = launch.mmvqt_splits(rb, k, 1)
             per = -(-k // 256 // s)
             assert 1 <= s <= k // 256 and per <= launch.MMVQT_MAX_RANGE and (s - 1) * per < k // 256, (rb, k)
-    monkeypatch.setenv("ENGINE_MMVQ_TC_SPLITS", "5")
-    assert launch.mmvqt_splits(32, 14336, 1) == 5
-    monkeypatch.setenv("ENGINE_MMVQ_TC_SPLITS", "1")
-    assert launch.mmvqt_splits(32, 14336, 1) == 4         # 56 super-blocks: at least 4 ranges of <= 16
+    with forced(mmvq_tc_splits=5):
+        assert launch.mmvqt_splits(32, 14336, 1) == 5
+    with forced(mmvq_tc_splits=1):
+        assert launch.mmvqt_splits(32, 14336, 1) == 4         # 56 super-blocks: at least 4 ranges of <= 16
 
 
-def test_mmq_split_rule(monkeypatch):
+def test_mmq_split_rule():
     """MMQ splits k only where its tiles are fewer than the SMs, into equal non-empty runs of stages (256 values)."""
     from engine.cuda.launch import mmq_splits
-    monkeypatch.delenv("ENGINE_MMQ_SPLITS", raising=False)
     assert mmq_splits(4096, 512, 14336, 132) == (1, 56)          # 256 tiles: no split
     assert mmq_splits(4096, 64, 14336, 132) == (4, 14)           # 32 tiles x 4 splits = 128 blocks
     assert mmq_splits(200, 64, 4096, 132) == (8, 2)              # at most MMQ_MAX_SPLITS
     assert mmq_splits(77, 64, 512, 132) == (2, 1)                # no more splits than stages
-    monkeypatch.setenv("ENGINE_MMQ_SPLITS", "3")
-    assert mmq_splits(200, 64, 4096, 132) == (3, 6)              # 16 stages: 6 + 6 + 4
-    monkeypatch.setenv("ENGINE_MMQ_SPLITS", "1")
-    assert mmq_splits(200, 64, 4096, 132) == (1, 16)
+    with forced(mmq_splits=3):
+        assert mmq_splits(200, 64, 4096, 132) == (3, 6)          # 16 stages: 6 + 6 + 4
+    with forced(mmq_splits=1):
+        assert mmq_splits(200, 64, 4096, 132) == (1, 16)
 
 
-def test_mmq_kernel_choice(monkeypatch):
-    """Q4_K takes mmq_q4_K (raw blocks in shared memory, sized for 2 blocks per SM) unless ENGINE_MMQ_Q4K=0."""
+def test_mmq_kernel_choice():
+    """Q4_K takes mmq_q4_K (raw blocks in shared memory, sized for 2 blocks per SM) unless CudaConfig.mmq_q4_K is
+    False."""
     from engine.cuda.launch import MMQ_SMEM_BYTES, MMQK_SMEM_BYTES, mmq_kernel
-    monkeypatch.delenv("ENGINE_MMQ_Q4K", raising=False)
     assert mmq_kernel(int(GGMLType.Q4_K)) == ("mmq_q4_K", MMQK_SMEM_BYTES, 2)
     assert 2 * (MMQK_SMEM_BYTES + 1024) <= 228 * 1024                     # sm_90: 228 KB of shared memory per SM
     assert mmq_kernel(int(GGMLType.Q6_K)) == ("mmq<14>", MMQ_SMEM_BYTES, 1)
-    monkeypatch.setenv("ENGINE_MMQ_Q4K", "0")
-    assert mmq_kernel(int(GGMLType.Q4_K)) == ("mmq<12>", MMQ_SMEM_BYTES, 1)
+    with forced(mmq_q4_K=False):
+        assert mmq_kernel(int(GGMLType.Q4_K)) == ("mmq<12>", MMQ_SMEM_BYTES, 1)
 
 
 def test_mmvq_group_rules():
-    """The row-group splits measured fastest on the H200 (scripts/bench_mmvq_groups.py, BENCHMARKS.md)."""
+    """The row-group splits measured fastest on the H200 (BENCHMARKS.md)."""
     from engine.cuda.launch import _mmvq_groups, _mmvqp_groups
     q4k, q6k, q4_1 = int(GGMLType.Q4_K), int(GGMLType.Q6_K), int(GGMLType.Q4_1)
     # q4_K, the synthetic 8B's and 1B's matrices: (m, k) -> groups
@@ -174,19 +169,16 @@ def test_mmvq_args_layout():
     assert [int(a) for a in args[8:]] == [4096, 1024, 0, 2048, 1152, 4]
 
 
-def test_mmvq_column_groups(monkeypatch):
-    """9..16 columns: one tensor-core launch for Q4_K, launches of <= 8 columns for the other types."""
+def test_mmvq_column_groups():
+    """9..64 columns: one tensor-core launch for Q4_K, launches of <= 8 columns for the other types."""
     from engine.cuda.launch import column_groups
-    monkeypatch.delenv("ENGINE_MMVQ_MMA", raising=False)
-    monkeypatch.delenv("ENGINE_MMVQ_TC", raising=False)
     q4k, q6k = int(GGMLType.Q4_K), int(GGMLType.Q6_K)
     assert column_groups(q4k, 8) == [(0, 8)] and column_groups(q6k, 8) == [(0, 8)]
     assert column_groups(q4k, 12) == [(0, 12)] and column_groups(q6k, 12) == [(0, 8), (8, 4)]
     assert column_groups(q6k, 16) == [(0, 8), (8, 8)]
-    monkeypatch.setenv("ENGINE_MMVQ_TC", "0")
-    assert column_groups(q4k, 12) == [(0, 12)]                               # mmvq_mma_q4_K
-    monkeypatch.setenv("ENGINE_MMVQ_MMA", "0")
-    assert column_groups(q4k, 9) == [(0, 8), (8, 1)]
+    assert column_groups(q4k, 40) == [(0, 40)]
+    with forced(mmvq_q4_K="pieces"):
+        assert column_groups(q4k, 9) == [(0, 8), (8, 1)]
     with pytest.raises(ValueError, match="1..16 columns"):
         column_groups(q6k, 17)
 

@@ -1,7 +1,6 @@
 """Structured output: grammars compiled by llguidance, masks applied in the scheduler's sampling, on the CPU."""
 import json
 
-import jsonschema
 import numpy as np
 import pytest
 
@@ -9,6 +8,8 @@ from engine.grammar import Constraint, GrammarError, compile_grammar, grammar_to
 from engine.runtime import Runtime
 from engine.sampling import SamplingParams
 from engine.scheduler import FinishEvent, Request, Scheduler, TokenEvent
+
+jsonschema = pytest.importorskip("jsonschema")   # a test dependency (the GPU machine lacks it; no gpu tests here)
 
 # 20 schemas: nested objects, arrays, enums, bounded numbers, required and optional fields. Strings and arrays carry
 # length bounds so that every output ends inside the token budget at temperature 1.0.

@@ -2,12 +2,13 @@
 import numpy as np
 import pytest
 
+from engine.cuda.config import CudaConfig
 from engine.runtime import Runtime
 from gpu_rounding import dispatch_rounding, round_like_gpu
 from tiny_models import N_VOCAB, write_tiny
 
 ARCHS = ["llama", "gemma3"]
-# nmse bounds against the rounding CPU (scripts/diag_tiny.py, H200, 8 prompts per case): dequantize+cuBLAS at most
+# nmse bounds against the rounding CPU (H200, 8 prompts per case): dequantize+cuBLAS at most
 # 4.6e-6; q8_1 paths median 1e-5, at most 7.0e-4 (the tiny llama amplifies a flipped q8_1 rounding in early layers)
 DEQUANT_BOUND = 1e-4
 Q8_1_BOUND = 5e-3
@@ -47,8 +48,8 @@ def test_cpu_float32_matches_float64(tiny, arch):
     assert nmse(f32, f64) < 1e-8
 
 
-def load_cuda(path, kv_f32):
-    return Runtime.load(path, device="cuda", n_ctx=64, n_ubatch=32, kv_f32=kv_f32)
+def load_cuda(path, kv_f32, **cuda):
+    return Runtime.load(path, device="cuda", n_ctx=64, n_ubatch=32, kv_f32=kv_f32, cuda=CudaConfig(**cuda))
 
 
 @pytest.mark.gpu
@@ -58,9 +59,8 @@ def test_cuda_dequant_path_matches_cpu(tiny, arch, kv_f32, monkeypatch):
     """With every mul_mat on dequantize+cuBLAS the GPU computes the CPU's function with f16-rounded weights,
     activations and (kv_f16) cache: compared with the CPU doing those roundings (tests/gpu_rounding.py), what is left
     is arithmetic order."""
-    monkeypatch.setenv("ENGINE_MUL_MAT_PATH", "dequant")
     prompt, dec = prompt_and_decode()
-    gpu = run(load_cuda(tiny[arch], kv_f32), prompt, dec)
+    gpu = run(load_cuda(tiny[arch], kv_f32, mul_mat_path="dequant"), prompt, dec)
     round_like_gpu(monkeypatch, dispatch_rounding("dequant"), kv_f16=not kv_f32)
     cpu = run(Runtime.load(tiny[arch], device="cpu", n_ctx=64, n_ubatch=32), prompt, dec)
     assert nmse(gpu, cpu) < DEQUANT_BOUND
@@ -75,9 +75,8 @@ def test_cuda_q8_1_paths(tiny, arch, path, ubatch, monkeypatch):
     ubatch size): compared with the CPU rounding alike (tests/gpu_rounding.py), what is left is arithmetic order and
     the q8_1 roundings it flips."""
     prompt, dec = prompt_and_decode()
-    if path:
-        monkeypatch.setenv("ENGINE_MUL_MAT_PATH", path)
-    gpu = run(Runtime.load(tiny[arch], device="cuda", n_ctx=64, n_ubatch=ubatch), prompt, dec)
+    gpu = run(Runtime.load(tiny[arch], device="cuda", n_ctx=64, n_ubatch=ubatch, cuda=CudaConfig(mul_mat_path=path)),
+              prompt, dec)
     round_like_gpu(monkeypatch, dispatch_rounding(path), kv_f16=True)
     cpu = run(Runtime.load(tiny[arch], device="cpu", n_ctx=64, n_ubatch=ubatch), prompt, dec)
     assert nmse(gpu, cpu) < Q8_1_BOUND, path
@@ -122,13 +121,12 @@ def test_cuda_graph_decode_equals_eager(tiny, arch, monkeypatch):
     prompts = [rng.integers(0, N_VOCAB, n).tolist() for n in rng.integers(4, 14, 12)]
     steps = [rng.integers(0, N_VOCAB, 12).tolist() for _ in range(9)]
     results = {}
-    for graphs in ("1", "0"):
-        monkeypatch.setenv("ENGINE_CUDA_GRAPHS", graphs)
-        rt = Runtime.load(tiny[arch], device="cuda", n_ctx=64, n_seq=12)
+    for graphs in (True, False):
+        rt = Runtime.load(tiny[arch], device="cuda", n_ctx=64, n_seq=12, cuda=CudaConfig(graphs=graphs))
         results[graphs] = batched_decode(rt, prompts, steps, BATCHES)
-        if graphs == "1":
+        if graphs:
             assert rt.backend.graphs.replays["decode"] == len(steps) - len(BATCHES) and not rt.backend.graphs.failures
-    np.testing.assert_array_equal(results["1"], results["0"])
+    np.testing.assert_array_equal(results[True], results[False])
 
 
 @pytest.mark.gpu
@@ -164,21 +162,19 @@ def test_cuda_graph_prefill_equals_eager(tiny, arch, path, monkeypatch):
     """Prefill ubatches of one length replayed from a graph (captured the second time the length comes; cache-only
     and last-logits ubatches; dequantize + cuBLAS through ctypes, or MMQ) give the eager logits exactly."""
     from engine.backends.step_shapes import MIN_PREFILL
-    if path:
-        monkeypatch.setenv("ENGINE_MUL_MAT_PATH", path)
     rng = np.random.default_rng()
     n = max(MIN_PREFILL, 64)
     prompts = [rng.integers(0, N_VOCAB, 2 * n).tolist() for _ in range(4)]
     results = {}
-    for graphs in ("1", "0"):
-        monkeypatch.setenv("ENGINE_CUDA_GRAPHS", graphs)
-        rt = Runtime.load(tiny[arch], device="cuda", n_ctx=4 * n, n_ubatch=n)
+    for graphs in (True, False):
+        rt = Runtime.load(tiny[arch], device="cuda", n_ctx=4 * n, n_ubatch=n,
+                          cuda=CudaConfig(mul_mat_path=path, graphs=graphs))
         out = [rt.prefill(p, start=i * 3) for i, p in enumerate(prompts)]   # two ubatches each: fill, then last
         results[graphs] = np.concatenate(out)
-        if graphs == "1":
+        if graphs:
             replays = rt.backend.graphs.replays
             assert replays["fill"] == replays["last"] == 2 and not rt.backend.graphs.failures
-    np.testing.assert_array_equal(results["1"], results["0"])
+    np.testing.assert_array_equal(results[True], results[False])
 
 
 def mixed_forward(rt: Runtime, prompts, chunk_prompts):
@@ -202,16 +198,16 @@ def mixed_forward(rt: Runtime, prompts, chunk_prompts):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("graphs", ["1", "0"])
+@pytest.mark.parametrize("graphs", [True, False])
 def test_cuda_mixed_batch_matches_cpu(tiny, arch, graphs, monkeypatch):
     """One forward of 3 decode rows and 2 prefill chunks (the scheduler's step) against the CPU rounding alike:
     captured as a mixed graph (every row its own query), and eager (the decode rows' split attention, each chunk's
     tiled attention)."""
-    monkeypatch.setenv("ENGINE_CUDA_GRAPHS", graphs)
     rng = np.random.default_rng()
     prompts = [rng.integers(0, N_VOCAB, n).tolist() for n in (5, 11, 8)]
     chunks = [rng.integers(0, N_VOCAB, n).tolist() for n in (20, 7)]
-    gpu = mixed_forward(Runtime.load(tiny[arch], device="cuda", n_ctx=64, n_seq=5), prompts, chunks)
+    gpu = mixed_forward(Runtime.load(tiny[arch], device="cuda", n_ctx=64, n_seq=5, cuda=CudaConfig(graphs=graphs)),
+                        prompts, chunks)
     round_like_gpu(monkeypatch, dispatch_rounding(None), kv_f16=True)
     cpu = mixed_forward(Runtime.load(tiny[arch], device="cpu", n_ctx=64, n_seq=5), prompts, chunks)
     assert gpu.shape == (5, N_VOCAB)

@@ -20,8 +20,9 @@ def cuda_backend_built() -> bool:
     return importlib.util.find_spec(f"{__name__}.cuda") is not None
 
 
-def get_backend(device: str = "auto", exact: bool = False, kv_f32: bool = False):
-    """The backend for a device; kv_f32 selects an f32 KV cache on the GPU (the CPU cache is always f32/f64)."""
+def get_backend(device: str = "auto", exact: bool = False, kv_f32: bool = False, cuda=None):
+    """The backend for a device; kv_f32 selects an f32 KV cache on the GPU (the CPU cache is always f32/f64), cuda a
+    CudaConfig (engine/cuda/config.py: forced kernel choices, CUDA graphs off)."""
     if device == "auto":
         device = "cuda" if not exact and cuda_backend_built() and cuda_available() else "cpu"
     if device == "cpu":
@@ -36,5 +37,5 @@ def get_backend(device: str = "auto", exact: bool = False, kv_f32: bool = False)
         if not cuda_available():
             raise BackendError("--device cuda: no CUDA GPU visible to CuPy (install engine[cuda] on a GPU machine)")
         from .cuda import CUDABackend
-        return CUDABackend(kv_f32=kv_f32)
+        return CUDABackend(kv_f32=kv_f32, config=cuda)
     raise BackendError(f"unknown device {device!r} (cpu, cuda or auto)")

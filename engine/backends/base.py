@@ -159,6 +159,9 @@ class Backend:
         The CUDA backend replays decode steps as CUDA graphs here."""
         return model.forward(batch, cache)
 
+    def prepare_kernels(self) -> None:
+        """Load (or compile) the kernels the loaded weights need, before the first step; nothing on the CPU."""
+
     def warm_up_shapes(self, n_seq: int, max_rows: int) -> list[tuple[int, int]]:
         """(decode rows, prefill rows) of the steps a server runs before its first request so that none waits for a
         compiler or a graph capture: here a prefill chunk, a mixed step and decode steps of one and of every

@@ -10,14 +10,15 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from ..cuda import dispatch, launch
+from ..cuda import build, dispatch, launch
 from ..cuda import sampling as device_sampling
 from ..cuda.build import ATTENTION_HEAD_CHUNKS, PREFILL_HEAD_DIMS, kernel
+from ..cuda.config import CudaConfig, configure
 from ..cuda.weights import GPUWeight, upload
 from ..gguf import TensorInfo
 from ..quants import dequantize
 from .base import Backend, Batch, KVCache
-from .cuda_graphs import StepGraphs, graphs_enabled
+from .cuda_graphs import StepGraphs
 from .step_shapes import warm_up_shapes
 
 
@@ -44,16 +45,19 @@ ATTENTION_TICKETS = 128 * 128     # attention_split's counters: rows x heads of 
 class CUDABackend(Backend):
     name = "cuda"
 
-    def __init__(self, kv_f32: bool = False, graphs: bool | None = None):
+    def __init__(self, kv_f32: bool = False, config: CudaConfig | None = None):
+        self.config = config or CudaConfig()
+        configure(self.config)                               # the launch rules follow it
         self.kv_dtype = cp.float32 if kv_f32 else cp.float16
         self.stream = cp.cuda.Stream(non_blocking=False)     # orders with the legacy stream (copies, to_numpy)
         self.n_sm = cp.cuda.Device().attributes["MultiProcessorCount"]
-        self.graphs = StepGraphs(self) if (graphs_enabled() if graphs is None else graphs) else None
+        self.graphs = StepGraphs(self) if self.config.graphs else None
         self._device_arrays: dict[int, tuple[np.ndarray, cp.ndarray]] = {}
         self._bound: dict[int, tuple[np.ndarray, cp.ndarray]] = {}
         self.acts = dispatch.Activations()     # q8_1 / f16 forms of the last activation multiplied
         self._tickets = cp.zeros(ATTENTION_TICKETS, cp.int32)   # attention_split's counters, one per (row, head)
         self._inv_freq: dict[tuple[float, int], cp.ndarray] = {}
+        self._qtypes: set[int] = set()          # the weights' GGML types (the kernels to load)
 
     def synchronize(self) -> None:
         self.stream.synchronize()
@@ -93,7 +97,11 @@ class CUDABackend(Backend):
         if len(info.np_shape) == 1:
             return cp.asarray(dequantize(data, info.type, info.np_shape))
         m, k = info.np_shape[0], int(np.prod(info.np_shape[1:]))
+        self._qtypes.add(int(info.type))
         return upload(info.type, (m, k), data)
+
+    def prepare_kernels(self) -> None:
+        build.prepare(self._qtypes)
 
     def embed(self, table: GPUWeight, tokens):
         idx = self._dev(tokens)

@@ -23,11 +23,10 @@ prefill, after one failure).
 A capture first runs the step eagerly (compiling and loading kernels; its result is returned), then captures the same
 step. The arrays captures allocate come from one memory pool of the graphs' own, which nothing else uses: replays run
 one at a time on the backend's stream, so the graphs share their scratch memory, and the buffers a graph keeps (its
-logits) stay allocated. ENGINE_CUDA_GRAPHS=0 turns graphs off.
+logits) stay allocated. CudaConfig(graphs=False) (`--eager`) turns graphs off.
 """
 from __future__ import annotations
 
-import os
 import sys
 from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass
@@ -48,10 +47,6 @@ class CapturedStep:
     rows: cp.ndarray       # [n_out] int32: the logit rows
     logits: object         # [n_out, n_vocab] f32 written by every replay (None: a ubatch that only fills the cache)
     owners: tuple          # (model, cache): kept alive, so their ids (the key) are not reused
-
-
-def graphs_enabled() -> bool:
-    return os.environ.get("ENGINE_CUDA_GRAPHS", "1") != "0"
 
 
 class StepGraphs:

@@ -1,24 +1,40 @@
-"""Compile the CUDA kernel families with NVRTC through cupy.RawModule, cached on disk by CuPy.
+"""The CUDA kernel families: their sources, the kernels each one instantiates, and loading them.
 
-Each family is one .cu file under kernels/; common.cuh is inlined into the source (so it is part of CuPy's cache
-key), and every template instantiation the file declares is named, so a second start compiles nothing.
+Each family is one .cu file under kernels/ with common.cuh inlined. The kernels a family instantiates are listed once,
+here (`name_expressions`); the .cu files hold templates only. Two ways to a loaded kernel:
+- prebuilt: `pip install` runs nvcc on every family for PREBUILT_ARCHS (engine/cuda/aot.py) and ships the cubins in
+  engine/cuda/prebuilt/ with a manifest of each kernel's symbol; a family loads its cubin when the manifest's source
+  key equals the current source's (an edited .cu falls back) and the GPU runs one of its architectures;
+- NVRTC (the fallback): one group of a family (a kernel and its first template argument, e.g. `mmvq<12, ...>`)
+  compiled on first use, cached on disk by CuPy; `prepare` compiles the groups a model needs in parallel.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import re
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
+PREBUILT_DIR = Path(__file__).parent / "prebuilt"
+PREBUILT_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
 FAMILIES = ("quantize", "dequantize", "mmvq", "mmvf", "mmq", "rms_norm", "rope", "attention",
             "attention_mma", "argmax", "sampling")
-QTYPES = {"T_Q4_0": 2, "T_Q4_1": 3, "T_Q5_0": 6, "T_Q5_1": 7, "T_Q8_0": 8, "T_Q2_K": 10, "T_Q3_K": 11,
-          "T_Q4_K": 12, "T_Q5_K": 13, "T_Q6_K": 14, "T_IQ4_NL": 20, "T_IQ4_XS": 23}
-PIECE_QTYPES = {"T_Q4_K": 12}           # the types mmvq.cu's mmvq_pieces serves (FOR_EACH_PIECE_QTYPE)
-NVRTC_OPTIONS = ("--std=c++17",)
+# The quantized types the kernels take, as common.cuh numbers them (its `#define T_<type> <GGML type>` lines).
+QTYPES = {name: int(v) for name, v in re.findall(r"^#define (T_\w+) (\d+)", (KERNEL_DIR / "common.cuh").read_text(), re.M)}
+COMPILE_OPTIONS = ("--std=c++17",)
+NVCC_OPTIONS = ("-ftz=true",)          # CuPy's NVRTC compiles with -ftz=true: the prebuilt cubins match its code
 PREFILL_HEAD_DIMS = (64, 128, 256)     # attention_prefill (attention.cu), attention_prefill_mma instantiations
 TC_WIDE_NCOLS = (24, 32, 40, 48, 56, 64)   # mmvq.cu's mmvq_tc_q4_K past 16 columns (launch.py takes it from here)
 ATTENTION_HEAD_CHUNKS = (2, 4, 8)      # attention.cu's attention / attention_split: head_dim / 32 up to this many
+TYPE_ALIASES = {"u16": "unsigned short"}
+TYPED_KERNELS = ("mmvq", "mmvq_pieces", "mmq", "dequantize_f16", "dequantize_f32")   # first template argument: a type
+Q4_K_KERNELS = ("mmvq_tc_q4_K", "mmvq_q4_K_pairs", "mmq_q4_K")                       # Q4_K's own   # common.cuh's typedefs as a demangled symbol spells them
 
 
 class KernelBuildError(RuntimeError):
@@ -33,16 +49,15 @@ def expanded_source(family: str) -> str:
 
 
 def name_expressions(family: str) -> list[str]:
-    """Every kernel the family's file instantiates, spelled as the names get_function takes."""
+    """Every kernel the family instantiates, spelled as the names `kernel` takes."""
     qtypes = sorted(QTYPES.values())
     if family == "quantize":
         return ["quantize_q8_1"]
     if family == "dequantize":
         return [f"dequantize_{o}<{t}>" for t in qtypes for o in ("f16", "f32")]
     if family == "mmvq":
-        return [f"{kind}<{t}, {n}, {g}>" for kind, types in (("mmvq", qtypes), ("mmvq_pieces", PIECE_QTYPES.values()))
-                for t in types for n in range(1, 9) for g in range(3)] + [
-            f"mmvq_mma_q4_K<{n}, {g}>" for n in range(1, 17) for g in range(3)] + [
+        return [f"mmvq<{t}, {n}, {g}>" for t in qtypes for n in range(1, 9) for g in range(3)] + [
+            f"mmvq_pieces<12, {n}, {g}>" for n in range(1, 9) for g in range(3)] + [
             f"mmvq_tc_q4_K<{n}, {g}>" for n in (*range(1, 17), *TC_WIDE_NCOLS) for g in range(3)] + [
             f"mmvq_q4_K_pairs<1, {g}>" for g in range(3)]
     if family == "mmvf":
@@ -68,32 +83,152 @@ def name_expressions(family: str) -> list[str]:
     raise KeyError(family)
 
 
-def check_type_list() -> None:
-    """The Python list of quantized types must equal the one the .cu files instantiate (FOR_EACH_QTYPE)."""
-    common = (KERNEL_DIR / "common.cuh").read_text()
-    listed = re.search(r"#define FOR_EACH_QTYPE\(X\)(.*?)\n\n", common + "\n\n", re.S).group(1)
-    if set(re.findall(r"X\((T_\w+)\)", listed)) != set(QTYPES):
-        raise KernelBuildError("FOR_EACH_QTYPE in common.cuh and QTYPES in build.py disagree")
-    mmvq = (KERNEL_DIR / "mmvq.cu").read_text()
-    listed = re.search(r"#define FOR_EACH_PIECE_QTYPE\(X\)(.*?)\n", mmvq).group(1)
-    if set(re.findall(r"X\((T_\w+)\)", listed)) != set(PIECE_QTYPES):
-        raise KernelBuildError("FOR_EACH_PIECE_QTYPE in mmvq.cu and PIECE_QTYPES in build.py disagree")
+def canonical_name(name: str) -> str:
+    """A kernel's name expression or demangled symbol (return type and parameters dropped) in one spelling."""
+    name = re.sub(r"^void ", "", name.strip())
+    depth = 0
+    for i, c in enumerate(name):                      # cut the parameter list: the first '(' outside <...>
+        depth += (c == "<") - (c == ">")
+        if c == "(" and depth == 0:
+            name = name[:i]
+            break
+    for alias, spelled in TYPE_ALIASES.items():
+        name = re.sub(rf"\b{alias}\b", spelled, name)
+    return re.sub(r"\s+", "", name)
+
+
+def instantiation_source(family: str) -> str:
+    """The family's translation unit for nvcc: its source, then one host reference per kernel, which instantiates it."""
+    refs = ",\n    ".join(f"(void*)&{n}" for n in name_expressions(family))
+    return f"{expanded_source(family)}\n\nvoid* engine_instances[] = {{\n    {refs}}};\n"
+
+
+def source_key(family: str) -> str:
+    """A hash of what a family's binary is built from: its source, its kernel list and the compile options."""
+    text = "\n".join((instantiation_source(family), *COMPILE_OPTIONS, *NVCC_OPTIONS))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @functools.cache
-def module(family: str):
+def constants(family: str) -> dict[str, int]:
+    """The integer #defines of a family's source (common.cuh's included), evaluated: the launch rules read the
+    kernels' tiles, thread counts and shared-memory sizes here rather than keeping copies."""
+    defs = dict(re.findall(r"^#define (\w+) (.+?)\s*(?://.*)?$", expanded_source(family), re.M))
+    values: dict[str, int] = {}
+
+    def value(name):
+        if name not in values:
+            expr = re.sub(r"[A-Za-z_]\w*", lambda mt: str(value(mt.group(0))), defs[name])
+            expr = re.sub(r"\(([^()?]+)\?([^():]+):([^()]+)\)", r"((\2) if (\1) else (\3))", expr)   # a ? b : c
+            values[name] = int(eval(expr.replace("/", "//"), {"__builtins__": {}}))
+        return values[name]
+    return {name: value(name) for name in defs if re.fullmatch(r"[\d\s()+*/<>?:A-Z_-]+", defs[name])}
+
+
+def group_of(name: str) -> str:
+    """The NVRTC compile group of a kernel: its name and first template argument (`mmvq<12`, `attention<u16`)."""
+    return re.split(r"[,>]", name)[0]
+
+
+# ---- loading ----
+
+def _arch() -> str:
+    import cupy
+    return f"sm_{cupy.cuda.Device().compute_capability}"
+
+
+def _manifest() -> dict:
+    path = PREBUILT_DIR / "manifest.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def prebuilt_arch(arch: str, built: list[str]) -> str | None:
+    """The built architecture whose cubins run on arch: the same one, else the newest of the same major version below
+    it (CUDA runs sm_XY code on sm_XZ, Z >= Y)."""
+    if arch in built:
+        return arch
+    major, minor = int(arch[3:-1]), int(arch[-1])
+    same = [a for a in built if int(a[3:-1]) == major and int(a[-1]) <= minor]
+    return max(same, key=lambda a: int(a[-1])) if same else None
+
+
+class _Prebuilt:
+    """A family's cubin for this GPU and its kernels' symbols."""
+
+    def __init__(self, family: str, entry: dict, arch: str):
+        import cupy
+        self.module = cupy.RawModule(path=str(PREBUILT_DIR / f"{family}.{arch}.cubin"))
+        self.symbols = entry["symbols"]
+
+    def get_function(self, name: str):
+        return self.module.get_function(self.symbols[canonical_name(name)])
+
+
+@functools.cache
+def _prebuilt(family: str):
+    """The family's prebuilt module, or None (no binary for this GPU, or built from another source)."""
+    entry = _manifest().get(family)
+    if entry is None or entry["key"] != source_key(family):
+        return None
+    arch = prebuilt_arch(_arch(), entry["archs"])
+    return _Prebuilt(family, entry, arch) if arch else None
+
+
+_compiled: dict[tuple[str, str], object] = {}
+_compile_lock = threading.Lock()
+
+
+def _nvrtc_group(family: str, group: str, announce: bool = True):
+    """The NVRTC module holding every kernel of one group of a family (compiled once, cached on disk by CuPy)."""
     import cupy
 
-    check_type_list()
+    key = (family, group)
+    if key in _compiled:
+        return _compiled[key]
+    names = [n for n in name_expressions(family) if group_of(n) == group]
+    if not names:
+        raise KernelBuildError(f"no kernel {group}... in family '{family}'")
+    if announce:
+        print(f"engine: compiling CUDA kernels {group}{'...>' if '<' in group else ''} ({family}.cu) with NVRTC for "
+              f"{_arch()}", file=sys.stderr, flush=True)
     try:
-        mod = cupy.RawModule(code=expanded_source(family), options=NVRTC_OPTIONS,
-                             name_expressions=name_expressions(family))
+        mod = cupy.RawModule(code=expanded_source(family), options=COMPILE_OPTIONS, name_expressions=names)
         mod.compile()
     except cupy.cuda.compiler.CompileException as e:
         raise KernelBuildError(f"CUDA kernel family '{family}' ({family}.cu) failed to compile:\n{e}") from None
+    with _compile_lock:
+        _compiled[key] = mod
     return mod
 
 
 @functools.cache
 def kernel(family: str, name: str):
-    return module(family).get_function(name)
+    """The loaded kernel `name` (a name expression of name_expressions(family))."""
+    pre = _prebuilt(family)
+    if pre is not None:
+        return pre.get_function(name)
+    return _nvrtc_group(family, group_of(name)).get_function(name)
+
+
+def prepare(qtypes) -> None:
+    """Load every family a model of these quantized types uses: the prebuilt cubins, or else its NVRTC groups compiled
+    in parallel (threads: NVRTC runs without the GIL)."""
+    typed = {str(t) for t in qtypes}
+    todo = []
+    for family in FAMILIES:
+        if _prebuilt(family) is not None:
+            continue
+        for g in dict.fromkeys(group_of(n) for n in name_expressions(family)):
+            kernel_name, _, first_arg = g.partition("<")
+            if kernel_name in TYPED_KERNELS and first_arg not in typed:
+                continue                             # a quantized type the model does not have
+            if kernel_name in Q4_K_KERNELS and str(QTYPES["T_Q4_K"]) not in typed:
+                continue
+            todo.append((family, g))
+    if todo:
+        start = time.time()
+        print(f"engine: no prebuilt CUDA kernels for {_arch()}: compiling {len(todo)} kernel groups with NVRTC "
+              "(cached for the next start) ...", file=sys.stderr, flush=True)
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(lambda fg: _nvrtc_group(*fg, announce=False), todo))
+        print(f"engine: compiled in {time.time() - start:.1f} s", file=sys.stderr, flush=True)

@@ -6,19 +6,19 @@
     quantized, n <= mmq_max(T)     -> MMQ (int8 tensor cores; split-k where its tiles are fewer than the SMs)
     otherwise                      -> dequantize to f16 + cuBLAS
 
-Force a path for tests and benchmarks with `mul_mat(..., path=...)` or ENGINE_MUL_MAT_PATH=mmvq|mmq|dequant.
+The chain is `choose_path`: one `should_use_*` predicate per family, in order. Force a path with
+`mul_mat(..., path=...)` or CudaConfig.mul_mat_path (`--mul-mat-path`, config.forced).
 """
 from __future__ import annotations
-
-import os
 
 from ..quants import GGMLType
 from . import launch
 from .build import QTYPES
+from .config import MUL_MAT_PATHS, current
 from .weights import GPUWeight
 
 # Per compute capability: the largest column count MMVQ takes, and the largest MMQ takes above that (per type; types
-# not listed take the default). From `scripts/bench_kernels.py --compare` at m = 4096, k = 14336 on the H200
+# not listed take the default). From `scripts/bench.py mul-mat --compare` at m = 4096, k = 14336 on the H200
 # (BENCHMARKS.md), kernel us at 16-64 columns, MMQ with split-k against dequantize+cuBLAS: q4_K (mmq_q4_K) 58-60 /
 # 117-121, q4_0 75-77 / 117-121, q5_0 81-83 / 118-122, q8_0 73-77 / 117-121, q3_K 86-87 / 107-109, q6_K 87-90 /
 # 114-116; q4_1, q5_1, q2_K, q5_K 125-137 / 113-128 (so dequantize+cuBLAS). At 128 columns only q4_K's MMQ wins
@@ -34,7 +34,7 @@ THRESHOLDS = {
 }
 # Architectures not measured: no MMQ (its tiles take more shared memory per block than sm_86 / sm_89 have, 99 KB).
 OTHER_ARCH = {"mmvq_max": {}, "mmvq_default": 16, "mmq_max": {}, "mmq_default": 0}
-PATHS = ("mmvf", "cublas", "mmvq", "mmq", "dequant")
+PATHS = MUL_MAT_PATHS
 SUPPORTED_QTYPES = frozenset(QTYPES.values())
 
 
@@ -44,15 +44,32 @@ def _arch() -> tuple[int, int]:
     return int(cc[:-1]), int(cc[-1])
 
 
+def should_use_mmvf(w: GPUWeight, n: int) -> bool:
+    """Float weights at up to 8 columns (above: cuBLAS)."""
+    return not w.quantized and n <= 8
+
+
+def should_use_mmvq(w: GPUWeight, n: int, table: dict) -> bool:
+    """A quantized type the kernels know, at up to the table's column count for it (and what the kernels take)."""
+    return n <= min(table["mmvq_max"].get(int(w.type), table["mmvq_default"]), launch.mmvq_max_cols(int(w.type)))
+
+
+def should_use_mmq(w: GPUWeight, n: int, table: dict) -> bool:
+    """Where the table measured MMQ faster than dequantize + cuBLAS for the type."""
+    return n <= table["mmq_max"].get(int(w.type), table["mmq_default"])
+
+
 def choose_path(w: GPUWeight, n: int, arch: tuple[int, int] | None = None) -> str:
+    if should_use_mmvf(w, n):
+        return "mmvf"
     if not w.quantized:
-        return "mmvf" if n <= 8 else "cublas"
+        return "cublas"
     if int(w.type) not in SUPPORTED_QTYPES:
         return "dequant"
     table = THRESHOLDS.get(arch or _arch(), OTHER_ARCH)
-    if n <= min(table["mmvq_max"].get(int(w.type), table["mmvq_default"]), launch.mmvq_max_cols(int(w.type))):
+    if should_use_mmvq(w, n, table):
         return "mmvq"
-    return "mmq" if n <= table["mmq_max"].get(int(w.type), table["mmq_default"]) else "dequant"
+    return "mmq" if should_use_mmq(w, n, table) else "dequant"
 
 
 class Activations:
@@ -89,8 +106,8 @@ class Activations:
 
 
 def resolve_path(w: GPUWeight, n: int, path: str | None = None) -> str:
-    """The path a mul_mat of n columns takes: forced (argument, ENGINE_MUL_MAT_PATH) or chosen."""
-    path = path or os.environ.get("ENGINE_MUL_MAT_PATH") or choose_path(w, n)
+    """The path a mul_mat of n columns takes: forced (argument, CudaConfig.mul_mat_path) or chosen."""
+    path = path or current().mul_mat_path or choose_path(w, n)
     if path == "mmvq" and n > launch.mmvq_max_cols(int(w.type)):
         raise ValueError(f"MMVQ takes at most {launch.mmvq_max_cols(int(w.type))} columns of this type")
     if path in ("mmvq", "mmq") and not w.quantized:

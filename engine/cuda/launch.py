@@ -2,73 +2,87 @@
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 
-from .build import PIECE_QTYPES, QTYPES, TC_WIDE_NCOLS, kernel
+from .build import QTYPES, TC_WIDE_NCOLS, constants, kernel
+from .config import current
 from .weights import GPUWeight
 
-MMQ_BM, MMQ_BN = 128, 64
-# kernels/mmq.cu MMQ_SMEM_BYTES: raw weights x2, unpacked weights, activations x2, weight scales and terms, act. scales x2
-MMQ_SMEM_BYTES = 2 * 128 * 320 + 128 * 272 + 2 * 64 * 272 + 2 * 128 * 8 * 2 * 4 + 2 * 64 * 8 * 2 * 8
-MMVQ_THREADS = 128
+_MMQ, _MMVQ, _MMVF = constants("mmq"), constants("mmvq"), constants("mmvf")   # the kernels' own #defines
+MMQ_BM, MMQ_BN, MMQ_KT = _MMQ["MMQ_BM"], _MMQ["MMQ_BN"], _MMQ["MMQ_KT"]
+MMQ_SMEM_BYTES, MMQK_SMEM_BYTES = _MMQ["MMQ_SMEM_BYTES"], _MMQ["MMQK_SMEM_BYTES"]
+MMVQ_THREADS = _MMVQ["MMVQ_THREADS"]
 
 
 def mmvq_rows(ncols: int) -> int:
-    """Rows each MMVQ thread group serves (kernels/mmvq.cu mmvq_rows with the default MMVQ_ROWS_*)."""
-    return 1 if ncols == 1 else 2
+    """Rows each MMVQ thread group serves (kernels/mmvq.cu mmvq_rows)."""
+    return _MMVQ["MMVQ_ROWS_1"] if ncols == 1 else _MMVQ["MMVQ_ROWS_N"]
 
 
 def mmvqp_rows(ncols: int, glu: int = 0) -> int:
-    """Output rows each mmvq_pieces thread group serves (kernels/mmvq.cu mmvqp_rows, default MMVQP_ROWS_*)."""
-    rows = 1 if ncols == 1 else 2 if ncols <= 4 else 4
+    """Output rows each mmvq_pieces thread group serves (kernels/mmvq.cu mmvqp_rows)."""
+    rows = _MMVQ["MMVQP_ROWS_1"] if ncols == 1 else _MMVQ["MMVQP_ROWS_N"] if ncols <= 4 else _MMVQ["MMVQP_ROWS_HI"]
     return (rows + 1) // 2 if glu else rows
 
 
-PIECE_TYPES = frozenset(PIECE_QTYPES.values())      # served by mmvq_pieces ...
-PIECES_MIN_COLS = 5                                 # ... from this many columns (mmvq is faster below)
-
-
-PAIRS_TYPES = frozenset({12})                        # Q4_K: served by mmvq_q4_K_pairs ...
-PAIRS_MAX_COLS = 1                                  # ... at up to this many columns (at 2: a wash, BENCHMARKS.md)
-
-
 def mmvq2_rows(ncols: int) -> int:
-    """Rows each mmvq_q4_K_pairs thread group serves (kernels/mmvq.cu mmvq2_rows, default MMVQ2_ROWS_*)."""
-    return 2
+    """Rows each mmvq_q4_K_pairs thread group serves (kernels/mmvq.cu mmvq2_rows)."""
+    return _MMVQ["MMVQ2_ROWS_1"] if ncols == 1 else _MMVQ["MMVQ2_ROWS_N"]
 
 
-# Q4_K's mmvq_tc_q4_K: at 9..16 columns (in place of mmvq_mma_q4_K: 27.5 against 56.5 us at 4096 x 14336, n = 16),
-# and from TC_MIN_COLS columns where the launch reads at least TC_MIN_WEIGHTS weights (H200, graph-timed,
-# BENCHMARKS.md eleventh session: 4096 x 14336 and 14336 x 4096 at n = 3..8 16.4-19.6 us against mmvq's
+Q4_K = QTYPES["T_Q4_K"]
+PIECES_MIN_COLS = 5             # Q4_K takes mmvq_pieces from this many columns (mmvq is faster below)
+PAIRS_MAX_COLS = 1              # Q4_K takes mmvq_q4_K_pairs at up to this many columns (at 2: a wash, BENCHMARKS.md)
+# Q4_K's mmvq_tc_q4_K: at 9..64 columns, and from TC_MIN_COLS columns where the launch reads at least TC_MIN_WEIGHTS
+# weights (H200, graph-timed, BENCHMARKS.md: 4096 x 14336 and 14336 x 4096 at n = 3..8 16.4-19.6 us against mmvq's
 # 18.0-37.0; at <= 16.7 M weights (4096 x 4096, 8192 x 2048, ...) mmvq is faster at every n up to 8). At 2 columns
-# only where k >= TC_2COL_K_PER_ROW x the rows (twelfth session: 4096 x 14336 14.5 against mmvq's 16.0-16.4 us;
-# 14336 x 4096 15.6-16.9 against 15.0).
-TC_TYPES = frozenset({12})
+# only where k >= TC_2COL_K_PER_ROW x the rows (4096 x 14336 14.5 against mmvq's 16.0-16.4 us; 14336 x 4096 15.6-16.9
+# against 15.0).
 TC_ALL_COLS = 9
 TC_MIN_COLS = 3
 TC_MIN_WEIGHTS = 32 << 20
 TC_2COL_K_PER_ROW = 2
-MMVQT_WARPS = 8                                     # kernels/mmvq.cu: warps (16-row tiles) per mmvq_tc_q4_K block
-MMVQT_BLOCKS_PER_SM = 2                             # its blocks an SM holds (128 registers per thread)
-MMVQT_WIDE_FROM = 6                                 # ... from this many columns to 8: twice the warps, one block per SM
-MMVQT_MAX_RANGE = 16                                # super-blocks per k range at most (its shared memory)
+MMVQT_WARPS = _MMVQ["MMVQT_WARPS"]                  # warps (16-row tiles) per mmvq_tc_q4_K block
+MMVQT_BLOCKS_PER_SM = _MMVQ["MMVQT_MIN_BLOCKS"]     # its blocks an SM holds (128 registers per thread)
+MMVQT_WIDE_FROM = _MMVQ["MMVQT_WIDE_FROM"]          # ... from this many columns to 8: twice the warps, one block per SM
+MMVQT_MAX_RANGE = _MMVQ["MMVQT_MAX_RANGE"]          # super-blocks per k range at most (its shared memory)
+MMVQT_STAGES = _MMVQ["MMVQT_STAGES"]                # super-blocks in flight per warp + 1
+MMVQT_WIN_LD = _MMVQ["MMVQT_WIN_LD"]                # bytes of a row of a warp's window of weight lines
 TC_MAX_COLS = TC_WIDE_NCOLS[-1]                     # mmvq_tc_q4_K takes up to this many columns in one launch, past
                                                     # 16 as the kernel of the next of build.TC_WIDE_NCOLS
 MMVQT_SMEM_MAX = 227 * 1024                         # an sm_90 block's dynamic shared memory at most
+MMVQ_MAX_COLS = 16      # columns a mul_mat of a type without the tensor-core kernel takes on MMVQ (launches of 8)
+KERNEL_MAX_COLS = 8     # columns mmvq and mmvq_pieces take per launch
+
+
+def _q4_K_forced(kernel_name: str) -> bool | None:
+    """True / False where config.mmvq_q4_K forces Q4_K's MMVQ kernel to be / not be kernel_name; None: the rule."""
+    forced = current().mmvq_q4_K
+    return None if forced is None else forced == kernel_name
 
 
 def _use_tc(t: int, n: int, weights: int = 0, k: int = 0) -> bool:
-    """ENGINE_MMVQ_TC: unset = TC_TYPES at >= TC_ALL_COLS columns, or >= TC_MIN_COLS (2 where k >= TC_2COL_K_PER_ROW
-    x the rows) where the launch reads >= TC_MIN_WEIGHTS weights (weights: its matrices' rows x k); 'all' = at every
-    n, '0' = never."""
-    mode = os.environ.get("ENGINE_MMVQ_TC", "")
-    if t not in TC_TYPES or mode == "0":
+    """mmvq_tc_q4_K for Q4_K at >= TC_ALL_COLS columns, or >= TC_MIN_COLS (2 where k >= TC_2COL_K_PER_ROW x the rows)
+    where the launch reads >= TC_MIN_WEIGHTS weights (weights: its matrices' rows x k)."""
+    if t != Q4_K:
         return False
+    forced = _q4_K_forced("tc")
+    if forced is not None:
+        return forced
     long_rows = k > 0 and k * k >= TC_2COL_K_PER_ROW * weights               # k >= 2 x (weights / k) rows
     min_cols = 2 if long_rows else TC_MIN_COLS
-    return mode == "all" or n >= TC_ALL_COLS or (n >= min_cols and weights >= TC_MIN_WEIGHTS)
+    return n >= TC_ALL_COLS or (n >= min_cols and weights >= TC_MIN_WEIGHTS)
+
+
+def _use_pieces(t: int, n: int) -> bool:
+    forced = _q4_K_forced("pieces")
+    return t == Q4_K and (n >= PIECES_MIN_COLS if forced is None else forced)
+
+
+def _use_pairs(t: int, n: int) -> bool:
+    forced = _q4_K_forced("pairs")
+    return t == Q4_K and n <= PAIRS_MAX_COLS and (True if forced is None else forced)
 
 
 def _mmvqt_wide(ncols: int) -> bool:
@@ -114,27 +128,23 @@ def mmvqt_rows(glu: int, ncols: int) -> int:
 def mmvqt_splits(row_blocks: int, k: int, ncols: int) -> int:
     """k ranges of an mmvq_tc_q4_K launch of row_blocks row blocks at ncols columns (a kernel's NCOLS): enough blocks
     to fill the SMs' block slots, each range at most mmvqt_max_range(ncols) super-blocks, none empty;
-    ENGINE_MMVQ_TC_SPLITS=N asks for N."""
+    config.mmvq_tc_splits asks for a count."""
     nsb = k // 256
-    forced = os.environ.get("ENGINE_MMVQ_TC_SPLITS")
+    forced = current().mmvq_tc_splits
     per_sm = 1 if _mmvqt_wide(ncols) or ncols > 16 else MMVQT_BLOCKS_PER_SM
-    want = int(forced) if forced else round(_sm_count() * per_sm / row_blocks)
+    want = forced if forced else round(_sm_count() * per_sm / row_blocks)
     splits = min(nsb, max(1, want, -(-nsb // mmvqt_max_range(ncols))))
     per = -(-nsb // splits)
     return -(-nsb // per)
 
 
-MMVQT_STAGES = 2                                    # kernels/mmvq.cu: super-blocks in flight per warp + 1
-
-
-def mmvqt_smem_bytes(k: int, ncols: int, splits: int, stages: int = MMVQT_STAGES) -> int:
+def mmvqt_smem_bytes(k: int, ncols: int, splits: int) -> int:
     """kernels/mmvq.cu mmvq_tc_q4_K's dynamic shared memory: its k range's activations (32 bytes per chunk and
-    column of its B tiles) with their d_x and d_x sum x, the warps' tile sums, then the warps' windows of 4 lines
-    per row (8 above two stages) of 128 bytes, padded by 16."""
+    column of its B tiles) with their d_x and d_x sum x, the warps' tile sums, then the warps' windows of weight
+    lines (16 rows of MMVQT_WIN_LD bytes)."""
     nsb = k // 256
     chunks, cols = -(-nsb // splits) * 8, (ncols + 7) // 8 * 8
-    window = 16 * (128 * (4 if stages <= 2 else 8) + 16)
-    return chunks * cols * (32 + 8) + mmvqt_warps(ncols) * (16 * mmvqt_sums_cols(ncols) * 4 + window)
+    return chunks * cols * (32 + 8) + mmvqt_warps(ncols) * (16 * mmvqt_sums_cols(ncols) * 4 + 16 * MMVQT_WIN_LD)
 
 
 _tc_scratch: list = []                  # (partial sums, counters) of mmvq_tc_q4_K, kept: graphs hold their addresses
@@ -153,31 +163,6 @@ def _mmvqt_scratch(part_floats: int, row_blocks: int) -> tuple:
         counters.fill(0)
         _tc_scratch.append((cp.ndarray((size,), cp.float32, pool.malloc(4 * size)), counters))
     return _tc_scratch[-1]
-
-
-MMA_TYPES = frozenset({12})                          # Q4_K: served by mmvq_mma_q4_K where mmvq_tc_q4_K is not ...
-MMA_MIN_COLS = 9                                    # ... from this many columns (slower than the others at 1..8)
-MMVQM_WARPS = 16                                    # kernels/mmvq.cu: warps per mmvq_mma_q4_K block
-MMVQ_MAX_COLS = 16      # columns a mul_mat takes on MMVQ: Q4_K's mma kernel in one launch, the others 8 per launch
-                        # (Q4_K's tensor-core kernel: TC_MAX_COLS, mmvq_max_cols)
-KERNEL_MAX_COLS = 8     # columns mmvq and mmvq_pieces take per launch
-
-
-def _use_mma(t: int, n: int) -> bool:
-    """ENGINE_MMVQ_MMA: unset = MMA_TYPES at >= MMA_MIN_COLS columns, 'all' = at every n, '0' = never."""
-    mode = os.environ.get("ENGINE_MMVQ_MMA", "")
-    return t in MMA_TYPES and mode != "0" and (n >= MMA_MIN_COLS or mode == "all")
-
-
-def _use_pieces(t: int, n: int) -> bool:
-    """ENGINE_MMVQ_PIECES: unset = PIECE_TYPES at >= PIECES_MIN_COLS columns, 'all' = at every n, '0' = never."""
-    mode = os.environ.get("ENGINE_MMVQ_PIECES", "")
-    return t in PIECE_TYPES and mode != "0" and (n >= PIECES_MIN_COLS or mode == "all")
-
-
-def _use_pairs(t: int, n: int) -> bool:
-    """ENGINE_MMVQ_PAIRS: unset = PAIRS_TYPES at <= PAIRS_MAX_COLS columns, '0' = never."""
-    return t in PAIRS_TYPES and n <= PAIRS_MAX_COLS and os.environ.get("ENGINE_MMVQ_PAIRS", "") != "0"
 
 
 def _cp():
@@ -206,7 +191,7 @@ GROUPS_BY_ROWS = frozenset({2, 3, 12})      # Q4_0, Q4_1, Q4_K: _mmvq_groups als
 
 def _mmvq_groups(t: int, m: int, k: int) -> int:
     """Row groups per 128-thread mmvq block for type t, m rows in all (the launch's matrices) and k: enough threads per
-    row for k, and for the 4-bit types more rows per block the more rows there are (scripts/bench_mmvq_groups.py on
+    row for k, and for the 4-bit types more rows per block the more rows there are (measured on
     the H200: q4_K 14336 x 4096 at one column 19.2 us with 1 group, 14.1 with 4; 1024 x 4096 fastest with 1)."""
     chunks = k // 32
     groups = 1 if chunks >= 128 else 2 if chunks >= 64 else 4     # 128, 64 or 32 threads per group of rows
@@ -216,7 +201,7 @@ def _mmvq_groups(t: int, m: int, k: int) -> int:
 
 
 def _mmvqp_groups(t: int, m: int, k: int) -> int:
-    """Row groups per 128-thread mmvq_pieces block (scripts/bench_mmvq_groups.py): by rows, one warp per row group
+    """Row groups per 128-thread mmvq_pieces block (measured, BENCHMARKS.md): by rows, one warp per row group
     where a row has few pieces."""
     if k // 16 < 128:
         return 4
@@ -228,18 +213,12 @@ def _mmvq2_groups(t: int, m: int, k: int) -> int:
     return 4
 
 
-def _one_group(t: int, m: int, k: int) -> int:
-    return 1
-
-
 def mmvq_choice(t: int, n: int, glu: int, weights: int = 0, k: int = 0) -> tuple:
     """(kernel name, output rows per group, groups function, threads per block) of the MMVQ kernel for type t at n
     columns (glu: 0, or 1 / 2 for the silu / gelu epilogue) in a launch reading `weights` weights (rows x k). For
     mmvq_tc_q4_K: its rows per block, no groups function and no threads (mmvq_launches has its launch rule)."""
     if _use_tc(t, n, weights, k):
         return f"mmvq_tc_q4_K<{mmvqt_ncols(n)}, {glu}>", mmvqt_rows(glu, mmvqt_ncols(n)), None, None
-    if _use_mma(t, n):
-        return f"mmvq_mma_q4_K<{n}, {glu}>", 16, _one_group, 32 * MMVQM_WARPS
     if _use_pieces(t, n):
         return f"mmvq_pieces<{t}, {n}, {glu}>", mmvqp_rows(n, glu), _mmvqp_groups, MMVQ_THREADS
     if _use_pairs(t, n):
@@ -257,7 +236,7 @@ def column_groups(t: int, n: int) -> list[tuple[int, int]]:
     takes all n, else groups of KERNEL_MAX_COLS (each reads the weights again)."""
     if not 1 <= n <= mmvq_max_cols(t):
         raise ValueError(f"MMVQ takes 1..{mmvq_max_cols(t)} columns of this type, not {n}")
-    if n <= KERNEL_MAX_COLS or _use_mma(t, n) or _use_tc(t, n):
+    if n <= KERNEL_MAX_COLS or _use_tc(t, n):
         return [(0, n)]
     return [(j, min(KERNEL_MAX_COLS, n - j)) for j in range(0, n, KERNEL_MAX_COLS)]
 
@@ -329,21 +308,17 @@ def mmvq_glu(gate: GPUWeight, up: GPUWeight, qs, ds, n: int, act: str, out=None)
     return y
 
 
-MMQ_KT = 256                # kernels/mmq.cu: k-values per stage
 MMQ_MAX_SPLITS = 8
-# kernels/mmq.cu MMQK_SMEM_BYTES: two stages of raw Q4_K blocks [128][160], activations [64][288], their
-# scales [64][18] float2; the stage's chunk scales [128][9] float2
-MMQK_SMEM_BYTES = 2 * (128 * 160 + 64 * 288 + 64 * 18 * 8) + 128 * 9 * 8
 
 
 def mmq_splits(m: int, n_pad: int, k: int, slots: int) -> tuple[int, int]:
     """(splits, stages per split) of MMQ's split-k: where the output tiles are fewer than the block slots (SMs x
     blocks per SM), k's stages are cut into up to MMQ_MAX_SPLITS equal runs so that tiles x splits <= slots; none
-    empty. ENGINE_MMQ_SPLITS=N asks for N splits (1: none)."""
+    empty; config.mmq_splits asks for a count (1: none)."""
     stages = (k + MMQ_KT - 1) // MMQ_KT
     tiles = (m + MMQ_BM - 1) // MMQ_BM * (n_pad // MMQ_BN)
-    forced = os.environ.get("ENGINE_MMQ_SPLITS")
-    splits = max(1, min(stages, int(forced) if forced else min(MMQ_MAX_SPLITS, slots // tiles)))
+    forced = current().mmq_splits
+    splits = max(1, min(stages, forced if forced else min(MMQ_MAX_SPLITS, slots // tiles)))
     per = (stages + splits - 1) // splits
     return (stages + per - 1) // per, per
 
@@ -355,8 +330,8 @@ def _sm_count() -> int:
 
 def mmq_kernel(t: int) -> tuple[str, int, int]:
     """(kernel, dynamic shared memory, blocks per SM it is sized for) of MMQ for type t: mmq_q4_K for Q4_K (unless
-    ENGINE_MMQ_Q4K=0), else mmq<t>."""
-    if t == QTYPES["T_Q4_K"] and os.environ.get("ENGINE_MMQ_Q4K", "") != "0":
+    config.mmq_q4_K is False), else mmq<t>."""
+    if t == Q4_K and current().mmq_q4_K:
         return "mmq_q4_K", MMQK_SMEM_BYTES, 2
     return f"mmq<{t}>", MMQ_SMEM_BYTES, 1
 
@@ -412,12 +387,12 @@ def dequantize_into(w: GPUWeight, out, rows=None):
     return out
 
 
-MMVF_THREADS = 128
+MMVF_THREADS = _MMVF["MMVF_THREADS"]
 
 
 def mmvf_rows(ncols: int) -> int:
-    """Rows each 128-thread MMVF block serves (kernels/mmvf.cu mmvf_rows, default MMVF_ROWS_*)."""
-    return 2 if ncols == 1 else 4 if ncols <= 3 else 8
+    """Rows each MMVF block serves (kernels/mmvf.cu mmvf_rows)."""
+    return _MMVF["MMVF_ROWS_1"] if ncols == 1 else _MMVF["MMVF_ROWS_N"] if ncols <= 3 else _MMVF["MMVF_ROWS_HI"]
 
 
 def mmvf(w: GPUWeight, x, out=None):

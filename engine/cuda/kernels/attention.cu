@@ -312,24 +312,3 @@ attention_prefill(const float* __restrict__ q, const KV* __restrict__ cache_k, c
         for (int i = 0; i < PER; ++i) oh[c + 4 * i] = o[i] / l;
     }
 }
-
-#define INSTANTIATE_PREFILL(KV, D) \
-    template __global__ void attention_prefill<KV, D>(const float* __restrict__, const KV* __restrict__, \
-        const KV* __restrict__, float* __restrict__, const int* __restrict__, const int* __restrict__, int, int, int, \
-        int, float, int);
-INSTANTIATE_PREFILL(float, 64) INSTANTIATE_PREFILL(float, 128) INSTANTIATE_PREFILL(float, 256)
-
-#define INSTANTIATE_ATTENTION_E(KV, E) \
-    template __global__ void attention<KV, E>(const float* __restrict__, const KV* __restrict__, \
-        const KV* __restrict__, float* __restrict__, const int* __restrict__, const int* __restrict__, int, int, \
-        int, int, float, int); \
-    template __global__ void attention_split<KV, E>(const float* __restrict__, KV*, KV*, float* __restrict__, \
-        const int* __restrict__, const int* __restrict__, int, int, int, int, float, int, float* __restrict__, \
-        int* __restrict__, signed char* __restrict__, float2* __restrict__, const float* __restrict__, \
-        const float* __restrict__);
-#define INSTANTIATE_ATTENTION(KV) \
-    template __global__ void kv_store<KV>(const float* __restrict__, const float* __restrict__, KV* __restrict__, \
-        KV* __restrict__, const int* __restrict__, const int* __restrict__, int, int, int); \
-    INSTANTIATE_ATTENTION_E(KV, 2) INSTANTIATE_ATTENTION_E(KV, 4) INSTANTIATE_ATTENTION_E(KV, 8)
-INSTANTIATE_ATTENTION(u16)
-INSTANTIATE_ATTENTION(float)

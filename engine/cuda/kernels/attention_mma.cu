@@ -175,9 +175,3 @@ attention_prefill_mma(const float* __restrict__ q, const u16* __restrict__ cache
         out[((long long)(t0 + r) * n_head + h) * D + c] = acc / sum;
     }
 }
-
-#define INSTANTIATE_FA(D) \
-    template __global__ void attention_prefill_mma<D>(const float* __restrict__, const u16* __restrict__, \
-        const u16* __restrict__, float* __restrict__, const int* __restrict__, const int* __restrict__, int, int, \
-        int, int, float, int);
-INSTANTIATE_FA(64) INSTANTIATE_FA(128) INSTANTIATE_FA(256)

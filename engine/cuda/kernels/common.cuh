@@ -153,21 +153,10 @@ __device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
 }
 __device__ __forceinline__ u32 ld_u32_a4(const u8* p) { return *(const u32*)p; }
 
-#ifndef WIDE_LOADS   // 1: Q4_K's header, Q5_K, IQ4_XS (16/8-byte aligned blocks) in 16/8-byte loads, 0: narrower (measured)
-#define WIDE_LOADS 1
-#endif
-#ifndef A2_AS_WORDS             // 1: ld_words_a2 as aligned words funnel-shifted, 0: as 2-byte halves (measured)
-#define A2_AS_WORDS 1
-#endif
 // N little-endian words at a 2-byte aligned address p (the quant bytes of the types whose blocks are 2-byte
 // aligned): N aligned 4-byte loads and, where p is not 4-byte aligned, a 2-byte one, funnel-shifted together (N + 1
 // loads where ld_u32_a2 takes 2N). Reads no byte outside p .. p + 4N.
 template <int N> __device__ __forceinline__ void ld_words_a2(const u8* p, u32 out[N]) {
-    if (!A2_AS_WORDS) {
-#pragma unroll
-        for (int i = 0; i < N; ++i) out[i] = ld_u32_a2(p + 4 * i);
-        return;
-    }
     const u32 sh = ((u32)(unsigned long long)p & 2u) * 8u;          // 0 or 16
     const u32* a = (const u32*)(p - sh / 8);
     u32 w[N + 1];
@@ -204,12 +193,7 @@ TRAITS(T_IQ4_XS, 256, 136, false, false)
 
 __device__ __forceinline__ void same_halves(ChunkScale& s, float d, float m) { s.d[0] = s.d[1] = d; s.m[0] = s.m[1] = m; }
 
-__device__ __forceinline__ void scale_min_k4(const u8* sc, int j, int& d, int& m) {
-    if (j < 4) { d = sc[j] & 63; m = sc[j + 4] & 63; }
-    else { d = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4); m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4); }
-}
-
-// scale_min_k4 on the 12 scale bytes held as three little-endian words
+// A K-quant block's 6-bit scale and min of chunk j, from its 12 scale bytes held as three little-endian words
 __device__ __forceinline__ void scale_min_k4_words(u32 sw0, u32 sw1, u32 sw2, int j, int& d, int& m) {
     auto byte = [&](int i) -> int { return (int)(((i < 4 ? sw0 : i < 8 ? sw1 : sw2) >> (8 * (i & 3))) & 0xFF); };
     if (j < 4) { d = byte(j) & 63; m = byte(j + 4) & 63; }
@@ -339,16 +323,11 @@ template <> __device__ __forceinline__ void unpack<T_Q3_K>(const u8* row, int c,
 }
 
 template <> __device__ __forceinline__ void unpack<T_Q4_K>(const u8* row, int c, int v[8], ChunkScale& s) {
-    // blocks are 144 bytes (16-byte aligned): d|dmin and the 12 scale bytes in one 16-byte load (WIDE_LOADS; else
-    // four word loads), the chunk's 32 qs bytes in two
+    // blocks are 144 bytes (16-byte aligned): d|dmin and the 12 scale bytes in one 16-byte load (faster than four
+    // word loads, measured), the chunk's 32 qs bytes in two
     const u8* b = row + (c >> 3) * 144;
     const int j = c & 7;
-    uint4 hd;
-    if (WIDE_LOADS) {
-        hd = *(const uint4*)b;
-    } else {
-        hd = make_uint4(ld_u32_a4(b), ld_u32_a4(b + 4), ld_u32_a4(b + 8), ld_u32_a4(b + 12));
-    }
+    const uint4 hd = *(const uint4*)b;
     const uint4 q0 = *(const uint4*)(b + 16 + (j >> 1) * 32), q1 = *(const uint4*)(b + 32 + (j >> 1) * 32);
     float d, m;
     k4_chunk_scale(hd, j, d, m);
@@ -359,33 +338,21 @@ template <> __device__ __forceinline__ void unpack<T_Q4_K>(const u8* row, int c,
     for (int i = 0; i < 8; ++i) v[i] = (q[i] >> sh) & 0x0F0F0F0F;
 }
 // Q5_K block (176 bytes, 16-byte aligned): d, dmin, 12 scale bytes, qh[32] (bit j of byte i: value i of chunk j),
-// qs[128] as Q4_K's; with WIDE_LOADS the header, the qh bytes and the chunk's qs bytes in five 16-byte loads
+// qs[128] as Q4_K's; the header, the qh bytes and the chunk's qs bytes in five 16-byte loads (blocks 16-byte aligned)
 template <> __device__ __forceinline__ void unpack<T_Q5_K>(const u8* row, int c, int v[8], ChunkScale& s) {
     const u8* b = row + (c >> 3) * 176;
     const int j = c & 7;
     const int sh = 4 * (j & 1);
-    if (WIDE_LOADS) {
-        const uint4 hd = *(const uint4*)b;
-        const uint4 h0 = *(const uint4*)(b + 16), h1 = *(const uint4*)(b + 32);
-        const uint4 q0 = *(const uint4*)(b + 48 + (j >> 1) * 32), q1 = *(const uint4*)(b + 64 + (j >> 1) * 32);
-        float d, m;
-        k4_chunk_scale(hd, j, d, m);
-        same_halves(s, d, -m);
-        const u32 q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-        const u32 qh[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+    const uint4 hd = *(const uint4*)b;
+    const uint4 h0 = *(const uint4*)(b + 16), h1 = *(const uint4*)(b + 32);
+    const uint4 q0 = *(const uint4*)(b + 48 + (j >> 1) * 32), q1 = *(const uint4*)(b + 64 + (j >> 1) * 32);
+    float d, m;
+    k4_chunk_scale(hd, j, d, m);
+    same_halves(s, d, -m);
+    const u32 q[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+    const u32 qh[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = ((q[i] >> sh) & 0x0F0F0F0F) | (((qh[i] >> j) & 0x01010101) << 4);
-        return;
-    }
-    int sc, mn;
-    scale_min_k4(b + 4, j, sc, mn);
-    same_halves(s, ld_f16(b) * (float)sc, -(ld_f16(b + 2) * (float)mn));
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        u32 q = (ld_u32_a4(b + 48 + (j >> 1) * 32 + 4 * i) >> sh) & 0x0F0F0F0F;
-        u32 qh = ((ld_u32_a4(b + 16 + 4 * i) >> j) & 0x01010101) << 4;
-        v[i] = q | qh;
-    }
+    for (int i = 0; i < 8; ++i) v[i] = ((q[i] >> sh) & 0x0F0F0F0F) | (((qh[i] >> j) & 0x01010101) << 4);
 }
 
 // Q6_K block (210 bytes, so blocks are only 2-byte aligned): ql[128], qh[64], 16 int8 scales, d. Chunk j (32 values)
@@ -420,14 +387,7 @@ template <> __device__ __forceinline__ void unpack<T_IQ4_NL>(const u8* row, int 
 template <> __device__ __forceinline__ void unpack<T_IQ4_XS>(const u8* row, int c, int v[8], ChunkScale& s) {
     const u8* b = row + (c >> 3) * 136;             // 8-byte aligned: d|scales_h|scales_l, the chunk's 16 qs bytes
     const int j = c & 7;
-    uint2 hd, q0, q1;
-    if (WIDE_LOADS) {
-        hd = *(const uint2*)b; q0 = *(const uint2*)(b + 8 + 16 * j); q1 = *(const uint2*)(b + 16 + 16 * j);
-    } else {
-        hd = make_uint2(ld_u32_a4(b), ld_u32_a4(b + 4));
-        q0 = make_uint2(ld_u32_a4(b + 8 + 16 * j), ld_u32_a4(b + 12 + 16 * j));
-        q1 = make_uint2(ld_u32_a4(b + 16 + 16 * j), ld_u32_a4(b + 20 + 16 * j));
-    }
+    const uint2 hd = *(const uint2*)b, q0 = *(const uint2*)(b + 8 + 16 * j), q1 = *(const uint2*)(b + 16 + 16 * j);
     const u32 scales_h = hd.x >> 16;
     const int ls = ((hd.y >> (4 * j)) & 0xF) | (((scales_h >> (2 * j)) & 3) << 4);
     same_halves(s, h2f((u16)hd.x) * (float)(ls - 32), 0.f);
@@ -435,7 +395,3 @@ template <> __device__ __forceinline__ void unpack<T_IQ4_XS>(const u8* row, int 
 #pragma unroll
     for (int i = 0; i < 4; ++i) iq4_lookup8(qw[i], v[i], v[4 + i]);
 }
-
-// Every quantized type the kernels support, for generating instantiations: keep in sync with dispatch.py.
-#define FOR_EACH_QTYPE(X) X(T_Q4_0) X(T_Q4_1) X(T_Q5_0) X(T_Q5_1) X(T_Q8_0) X(T_Q2_K) X(T_Q3_K) X(T_Q4_K) \
-    X(T_Q5_K) X(T_Q6_K) X(T_IQ4_NL) X(T_IQ4_XS)

@@ -47,10 +47,3 @@ __global__ void dequantize_f32(const u8* __restrict__ w, const int* __restrict__
                                int rows, int k, long long row_bytes) {
     dequantize_impl<T, float>(w, idx, out, rows, k, row_bytes);
 }
-
-#define INSTANTIATE_DEQUANTIZE(T) \
-    template __global__ void dequantize_f16<T>(const u8* __restrict__, const int* __restrict__, u16* __restrict__, \
-                                               int, int, long long); \
-    template __global__ void dequantize_f32<T>(const u8* __restrict__, const int* __restrict__, float* __restrict__, \
-                                               int, int, long long);
-FOR_EACH_QTYPE(INSTANTIATE_DEQUANTIZE)

@@ -214,12 +214,6 @@ mmq(const u8* __restrict__ w, const signed char* __restrict__ qs, const float2* 
     mmq_store_tile(acc, y, row0 + wm, col0 + wn, g, t, m, n);
 }
 
-#define INSTANTIATE_MMQ(T) template __global__ void mmq<T>(const u8* __restrict__, const signed char* __restrict__, \
-    const float2* __restrict__, float* __restrict__, int, int, int, long long, int);
-#ifndef MMQ_SKIP_GENERIC                  // (scripts/bench_mmq_variants.py builds mmq_q4_K alone)
-FOR_EACH_QTYPE(INSTANTIATE_MMQ)
-#endif
-
 // ---- MMQ for Q4_K on its raw blocks (mmq_q4_K): same arguments, tiles, split-k and output as mmq<T_Q4_K>, but
 // shared memory holds each row's Q4_K block as it is in global memory (no unpacked int8 copy, no weight scale
 // arrays): 47 KB per stage where mmq takes 92, so two blocks share an SM (16 warps where mmq has 8 to hide latency).
@@ -242,16 +236,6 @@ FOR_EACH_QTYPE(INSTANTIATE_MMQ)
 #define MMQK_S_LD 9                       // float2 per row of the stage's chunk scales: 8 used; rows 18 words apart
 #define MMQK_S_BYTES (MMQ_BM * MMQK_S_LD * 8)              // float2 [MMQ_BM][MMQK_S_LD] (d * sc, dmin * m) per chunk
 #define MMQK_SMEM_BYTES (2 * MMQK_STAGE_BYTES + MMQK_S_BYTES)
-#ifndef MMQK_SCALE_TABLE
-#define MMQK_SCALE_TABLE 1                // 1: the stage's 128 x 8 chunk scales decoded once into shared memory
-#endif                                    // (4 per thread); 0: each lane decodes its 4 rows' at every chunk
-#ifndef MMQK_CC_UNROLL
-#define MMQK_CC_UNROLL 2                  // the two chunks of a quant group unrolled (1: a loop, before)
-#endif
-constexpr int kMmqkCcUnroll = MMQK_CC_UNROLL;
-#ifndef MMQK_FMA_RESCALE
-#define MMQK_FMA_RESCALE 1                // 1: acc = fma(d_w d_x, dot, acc) then fma(-m_w, s_x, acc); 0: one expression
-#endif
 
 __device__ __forceinline__ void mmq_q4_K_load_stage(const u8* __restrict__ w, const signed char* __restrict__ qs,
                                                     const float2* __restrict__ ds, u8* stage, int st, int row0,
@@ -309,16 +293,14 @@ mmq_q4_K(const u8* __restrict__ w, const signed char* __restrict__ qs, const flo
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        if (MMQK_SCALE_TABLE) {
 #pragma unroll
-            for (int q = 0; q < MMQ_BM * 8 / MMQ_THREADS; ++q) {
-                const int idx = tid + q * MMQ_THREADS, r = idx >> 3, c = idx & 7;
-                float d, mn;
-                k4_chunk_scale(*(const uint4*)(stage + r * MMQK_A_LD), c, d, mn);
-                sS[r * MMQK_S_LD + c] = make_float2(d, mn);
-            }
-            __syncthreads();
+        for (int q = 0; q < MMQ_BM * 8 / MMQ_THREADS; ++q) {      // the stage's chunk scales, decoded once
+            const int idx = tid + q * MMQ_THREADS, r = idx >> 3, c = idx & 7;
+            float d, mn;
+            k4_chunk_scale(*(const uint4*)(stage + r * MMQK_A_LD), c, d, mn);
+            sS[r * MMQK_S_LD + c] = make_float2(d, mn);
         }
+        __syncthreads();
         const u8* sB = stage + MMQK_A_BYTES;
         const float2* sBd = (const float2*)(stage + MMQK_A_BYTES + MMQK_B_BYTES);
 #pragma unroll 1
@@ -329,7 +311,7 @@ mmq_q4_K(const u8* __restrict__ w, const signed char* __restrict__ qs, const flo
 #pragma unroll
                 for (int h = 0; h < 2; ++h)
                     wq[i][h] = *(const uint2*)(stage + (wm + 16 * i + g + 8 * h) * MMQK_A_LD + 16 + 32 * p + 8 * t);
-#pragma unroll kMmqkCcUnroll
+#pragma unroll
             for (int cc = 0; cc < 2; ++cc) {                      // (unrolled: 128 registers, no spills)
                 const int c = 2 * p + cc;                         // chunk of the block
                 float dw[2][2], mw[2][2];                         // [tile][row g / g + 8], from the headers
@@ -338,13 +320,9 @@ mmq_q4_K(const u8* __restrict__ w, const signed char* __restrict__ qs, const flo
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const int r = wm + 16 * i + g + 8 * h;
-                        if (MMQK_SCALE_TABLE) {
-                            const float2 sc = sS[r * MMQK_S_LD + c];
-                            dw[i][h] = sc.x;
-                            mw[i][h] = sc.y;
-                        } else {
-                            k4_chunk_scale(*(const uint4*)(stage + r * MMQK_A_LD), c, dw[i][h], mw[i][h]);
-                        }
+                        const float2 sc = sS[r * MMQK_S_LD + c];
+                        dw[i][h] = sc.x;
+                        mw[i][h] = sc.y;
                     }
                 int a[2][4];
 #pragma unroll
@@ -372,12 +350,8 @@ mmq_q4_K(const u8* __restrict__ w, const signed char* __restrict__ qs, const flo
 #pragma unroll
                         for (int l = 0; l < 4; ++l) {
                             const int h = l >> 1, q = l & 1;
-                            if (MMQK_FMA_RESCALE) {
-                                acc[i][j][l] = fmaf(dw[i][h] * dx[q], (float)cv[l], acc[i][j][l]);
-                                acc[i][j][l] = fmaf(-mw[i][h], sx[q], acc[i][j][l]);
-                            } else {
-                                acc[i][j][l] += dw[i][h] * dx[q] * (float)cv[l] - mw[i][h] * sx[q];
-                            }
+                            acc[i][j][l] = fmaf(dw[i][h] * dx[q], (float)cv[l], acc[i][j][l]);
+                            acc[i][j][l] = fmaf(-mw[i][h], sx[q], acc[i][j][l]);
                         }
                     }
                 }

@@ -7,16 +7,11 @@
 // Launch rule (launch.mmvf; dispatch.py: float weights, ncols <= 8): block 128, grid ceil(m / mmvf_rows(ncols)).
 #include "common.cuh"
 
-#ifndef MMVF_ROWS_1              // rows per block at 1 column, 2..3, 4..8 (scripts/bench_mmvf_rows.py)
+// rows per block at 1 column, 2..3, 4..8 (the launch rule reads them: build.constants)
 #define MMVF_ROWS_1 2
-#endif
-#ifndef MMVF_ROWS_N
 #define MMVF_ROWS_N 4
-#endif
-#ifndef MMVF_ROWS_HI
 #define MMVF_ROWS_HI 8
-#endif
-constexpr int MMVF_THREADS = 128;
+#define MMVF_THREADS 128
 __host__ __device__ constexpr int mmvf_rows(int ncols) {
     return ncols == 1 ? MMVF_ROWS_1 : ncols <= 3 ? MMVF_ROWS_N : MMVF_ROWS_HI;
 }
@@ -95,12 +90,3 @@ __global__ void __launch_bounds__(MMVF_THREADS) mmvf(const W* __restrict__ w, co
         if (row0 + r < m) y[(long long)j * m + row0 + r] = a;
     }
 }
-
-#define INSTANTIATE_MMVF_NV(W, N, V) template __global__ void mmvf<W, N, V>(const W* __restrict__, \
-    const float* __restrict__, float* __restrict__, int, int);
-#define INSTANTIATE_MMVF_N(W, N, V) INSTANTIATE_MMVF_NV(W, N, V) INSTANTIATE_MMVF_NV(W, N, 1)
-#define INSTANTIATE_MMVF(W, V) INSTANTIATE_MMVF_N(W, 1, V) INSTANTIATE_MMVF_N(W, 2, V) INSTANTIATE_MMVF_N(W, 3, V) \
-    INSTANTIATE_MMVF_N(W, 4, V) INSTANTIATE_MMVF_N(W, 5, V) INSTANTIATE_MMVF_N(W, 6, V) INSTANTIATE_MMVF_N(W, 7, V) \
-    INSTANTIATE_MMVF_N(W, 8, V)
-INSTANTIATE_MMVF(float, 4)
-INSTANTIATE_MMVF(u16, 8)

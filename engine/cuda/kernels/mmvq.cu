@@ -1,18 +1,18 @@
-// MMVQ: y = x W^T for 1..8 activation columns (1..16 for mmvq_mma_q4_K), quantized W read once for all columns.
+// MMVQ: y = x W^T for few activation columns, quantized W read once for all columns. Three kernels:
+//   mmvq<T, NCOLS, GLU>      every type, 1..8 columns per launch (more: launches of 8, each reading W again);
+//   mmvq_q4_K_pairs / mmvq_pieces / mmvq_tc_q4_K: Q4_K's, below, each with its measured reason beside it.
 //   w  : [m, k] in T's blocks (row stride row_bytes)
 //   qs : [ncols, k] int8 and ds : [ncols, k/16] float2, from quantize_q8_1
 //   y  : [ncols, m] f32
-// Launch rule (dispatch.choose_path: quantized T, ncols <= 16, launch.column_groups cutting 9..16 columns into
-// launches of <= 8 except for Q4_K; Q4_K takes the kernels below: mmvq_q4_K_pairs at one column, mmvq_pieces at
-// 5..8, mmvq_tc_q4_K at 9..16 and at 3..8 (2..8 for long rows) for large matrices (launch._use_tc)): block
-// of 128 threads in groups of 128/groups threads (groups = 1, 2 or 4: launch._mmvq_groups, by k and for the 4-bit
-// types by the launch's rows); each group serves mmvq_rows(NCOLS) consecutive rows (1 for one column,
-// where more blocks in flight matter most; 2 above, where reusing the activations matters), each thread takes every
-// (128/groups)-th chunk of those rows, loads the chunk's activations of all NCOLS columns once and dots them with each
-// row's weight chunk; grid ceil(m / (groups * mmvq_rows(NCOLS))). Registers are capped at 128 per thread
-// (MMVQ_MIN_BLOCKS = 4 blocks per SM): at 6-8 columns 9-19 % faster than the 168 registers left to themselves
-// (BENCHMARKS.md, scripts/bench_mmvq_variants.py). At 2..8 columns a thread prefetches the weight lines of its next
-// chunk into L1 (MMVQ_PREFETCH_N; on the H200 up to 12 % faster there, q6_K at 8 columns equal; slower at one).
+// Kernel choice: dispatch.py (should_use_mmvq) and launch.mmvq_choice. Launch rule of mmvq (launch.mmvq_launches):
+// block of MMVQ_THREADS threads in groups of MMVQ_THREADS/groups threads (groups = 1, 2 or 4: launch._mmvq_groups,
+// by k and for the 4-bit types by the launch's rows); each group serves mmvq_rows(NCOLS) consecutive rows (1 for one
+// column, where more blocks in flight matter most; 2 above, where reusing the activations matters), each thread
+// takes every (MMVQ_THREADS/groups)-th chunk of those rows, loads the chunk's activations of all NCOLS columns once
+// and dots them with each row's weight chunk; grid ceil(m / (groups * mmvq_rows(NCOLS))). Registers are capped at
+// 128 per thread (MMVQ_MIN_BLOCKS blocks per SM): at 6-8 columns 9-19 % faster than the 168 registers left to
+// themselves (BENCHMARKS.md). At 2..8 columns a thread prefetches the weight lines of its next chunk into L1
+// (MMVQ_PREFETCH_N; on the H200 up to 12 % faster there, q6_K at 8 columns equal; slower at one).
 //
 // One launch serves up to three matrices of the same type and k multiplied by the same activations (q, k and v):
 // w0..w2 with m0..m2 rows (m = 0: absent) into y0..y2; the grid is the sum of the three grids, in order.
@@ -22,42 +22,20 @@
 #include "common.cuh"
 
 #define MMVQ_THREADS 128
-// Tuning knobs (scripts/bench_mmvq_variants.py times alternatives by compiling with -D): rows per group for one
-// column, for 2..4 and for 5..8 columns; blocks per SM the registers must allow; how many chunk iterations a thread
-// unrolls (its loads in flight at once).
-#ifndef MMVQ_ROWS_1
+// Rows per group at one column and above (the launch rules read these values: build.constants), blocks per SM the
+// registers must allow (<= 128 registers each), chunk iterations ahead whose weight lines a thread prefetches into
+// L1 at one column and at 2..8 columns (0: none).
 #define MMVQ_ROWS_1 1
-#endif
-#ifndef MMVQ_ROWS_N
 #define MMVQ_ROWS_N 2
-#endif
-#ifndef MMVQ_ROWS_HI
-#define MMVQ_ROWS_HI MMVQ_ROWS_N
-#endif
-#ifndef MMVQ_MIN_BLOCKS
-#define MMVQ_MIN_BLOCKS 4                  // blocks per SM the registers must allow (<= 128 each)
-#endif
-#ifndef MMVQ_UNROLL
-#define MMVQ_UNROLL 1
-#endif
-// chunk iterations ahead whose weight lines a thread prefetches into L1 (0: none), at one column and at 2..8 columns
-#ifndef MMVQ_PREFETCH_1
+#define MMVQ_MIN_BLOCKS 4
 #define MMVQ_PREFETCH_1 0
-#endif
-#ifndef MMVQ_PREFETCH_N
 #define MMVQ_PREFETCH_N 1
-#endif
-__host__ __device__ constexpr int mmvq_rows(int ncols) {
-    return ncols == 1 ? MMVQ_ROWS_1 : ncols <= 4 ? MMVQ_ROWS_N : MMVQ_ROWS_HI;
-}
+__host__ __device__ constexpr int mmvq_rows(int ncols) { return ncols == 1 ? MMVQ_ROWS_1 : MMVQ_ROWS_N; }
 
-// The parameters every MMVQ kernel takes (launch.mmvq_args builds them), and their types for the instantiations.
+// The parameters every MMVQ kernel takes (launch.mmvq_args builds them).
 #define MMVQ_PARAMS const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2, \
     const signed char* __restrict__ qs, const float2* __restrict__ ds, float* __restrict__ y0, float* __restrict__ y1, \
     float* __restrict__ y2, int m0, int m1, int m2, int k, long long row_bytes, int groups
-#define MMVQ_PARAM_TYPES const u8* __restrict__, const u8* __restrict__, const u8* __restrict__, \
-    const signed char* __restrict__, const float2* __restrict__, float* __restrict__, float* __restrict__, \
-    float* __restrict__, int, int, int, int, long long, int
 
 __device__ __forceinline__ float glu_act(int glu, float g) {
     return glu == 1 ? g / (1.0f + expf(-g))
@@ -182,9 +160,7 @@ mmvq(MMVQ_PARAMS) {
     for (int r = 0; r < MMVQ_ROWS; ++r)
 #pragma unroll
         for (int j = 0; j < NCOLS; ++j) acc[r][j] = 0.f;
-    constexpr int UNROLL = MMVQ_UNROLL;
     if (row0 < m) {
-#pragma unroll UNROLL
         for (int c = lane; c < chunks; c += tpg) {
             constexpr int AHEAD = NCOLS == 1 ? MMVQ_PREFETCH_1 : MMVQ_PREFETCH_N;
             if (AHEAD && c + AHEAD * tpg < chunks) {
@@ -224,15 +200,9 @@ mmvq(MMVQ_PARAMS) {
 // (launch.mmvq_launches): block 128 threads in groups of 128/groups threads (launch._mmvqp_groups); grid
 // ceil(m / (groups * mmvqp_rows(NCOLS, GLU))) summed over the matrices (GLU: over m0, each group dotting the gate
 // and up rows of its outputs: half the rows, >= 1).
-#ifndef MMVQP_ROWS_1
 #define MMVQP_ROWS_1 1
-#endif
-#ifndef MMVQP_ROWS_N
 #define MMVQP_ROWS_N 2
-#endif
-#ifndef MMVQP_ROWS_HI
 #define MMVQP_ROWS_HI 4
-#endif
 __host__ __device__ constexpr int mmvqp_rows(int ncols, int glu) {   // output rows per group (GLU: half, >= 1)
     return glu ? (mmvqp_rows(ncols, 0) + 1) / 2 : ncols == 1 ? MMVQP_ROWS_1 : ncols <= 4 ? MMVQP_ROWS_N : MMVQP_ROWS_HI;
 }
@@ -312,26 +282,17 @@ mmvq_pieces(MMVQ_PARAMS) {
 // values) where mmvq's lane takes one chunk and loads the group's 32 bytes for half of them: per 64 values one
 // header load and decode and two quant loads (mmvq: two, two and four), and a warp's iteration covers 8 blocks
 // (1,152 bytes of one row) where mmvq's covers 4. Registers are held to what 8 blocks of 128 threads per SM allow
-// at one column (64), so that a launch over 4096 rows is one wave (the chunk-batching attempt of the sixth session
-// took 72 and two waves). MMVQ2_PIPE = 1: a lane's next pair's weight loads are issued before this pair's arithmetic.
-// On the H200, one column, CUDA-graph timing (scripts/bench_mmvq_variants.py --graph): 4096 x 14336 10.8 us (3.07
+// at one column (64), so that a launch over 4096 rows is one wave (batching chunks took 72 registers
+// and two waves).
+// On the H200, one column, CUDA-graph timing: 4096 x 14336 10.8 us (3.07
 // TB/s; mmvq 13.6), 14336 x 4096 11.3 (13.7), 4096 x 4096 4.8 (5.9); 4 rows per group no better; at two columns
 // faster at two of those shapes and slower at the third, so not dispatched there (BENCHMARKS.md).
 // Launch rule (launch.mmvq_launches, Q4_K at <= launch.PAIRS_MAX_COLS columns): as
 // mmvq's (block 128 threads in groups of 128/groups threads, groups = 4; each group mmvq2_rows(NCOLS) rows; grid
 // ceil(m / (groups * rows)) summed over the matrices; GLU: one output row per group, its gate and up rows).
-#ifndef MMVQ2_ROWS_1
 #define MMVQ2_ROWS_1 2
-#endif
-#ifndef MMVQ2_ROWS_N
 #define MMVQ2_ROWS_N 2
-#endif
-#ifndef MMVQ2_PIPE
-#define MMVQ2_PIPE 0
-#endif
-#ifndef MMVQ2_MIN_BLOCKS_1
 #define MMVQ2_MIN_BLOCKS_1 8
-#endif
 __host__ __device__ constexpr int mmvq2_rows(int ncols) { return ncols == 1 ? MMVQ2_ROWS_1 : MMVQ2_ROWS_N; }
 
 // Chunks 2i and 2i + 1's (d * sc, dmin * m) from a Q4_K header hd (d|dmin, 12 scale bytes) for pair i = 0..3 of the
@@ -369,21 +330,12 @@ mmvq_q4_K_pairs(MMVQ_PARAMS) {
 #pragma unroll
         for (int j = 0; j < NCOLS; ++j) acc[r][j] = 0.f;
     const int pairs = k >> 6;
-    Q4KPair next[NR];
-    if (MMVQ2_PIPE && row0 < m && lane < pairs)
-#pragma unroll
-        for (int r = 0; r < NR; ++r) next[r] = q4k_pair_load(wr[r], lane);
     if (row0 < m) {
         for (int p = lane; p < pairs; p += tpg) {
             Q4KPair cur[NR];
 #pragma unroll
             for (int r = 0; r < NR; ++r) {
-                if (MMVQ2_PIPE) {
-                    cur[r] = next[r];
-                    if (p + tpg < pairs) next[r] = q4k_pair_load(wr[r], p + tpg);
-                } else {
-                    cur[r] = q4k_pair_load(wr[r], p);
-                }
+                cur[r] = q4k_pair_load(wr[r], p);
             }
             int4 a[NCOLS][4];                                      // the pair's 64 activations of each column
             float4 sa[NCOLS][2];                                   // per chunk (d, d * sum16, d, d * sum16)
@@ -431,154 +383,6 @@ mmvq_q4_K_pairs(MMVQ_PARAMS) {
     reduce_store<NR, OUT_ROWS, NCOLS, GLU>(acc, partial, groups, b, m, y);
 }
 
-// ---- MMVQ on the int8 tensor cores, for Q4_K (mmvq_mma_q4_K): same arguments, matrices, GLU and output as mmvq
-// (groups unused), 1..16 columns. A block of MMVQM_WARPS warps computes one 16-row tile of y^T for all NCOLS columns
-// (one or two 8-column B tiles sharing each A fragment).
-// The tile's k is cut into steps of MMVQM_PAIRS consecutive chunk pairs (a pair: the 64 values of one 32-byte quant
-// group, chunk 2p in its low nibbles, 2p+1 in its high ones; a step stays inside one 256-value block), taken by the
-// warps in turn, so the block reads MMVQM_WARPS steps of each of its 16 rows side by side. Per step a lane issues
-// all its loads first (the two block headers, MMVQM_PAIRS quant words per row, the activations), then runs
-// mma.m16n8k32 per chunk, weights as A, activations as B. The k order inside a chunk is permuted alike in A and B so
-// every lane's operands are plain loads: lane (g, t) takes quant bytes 8t..8t+7 of the group for rows g and g+8
-// (values 8t..8t+7 of both chunks) and activation bytes 8t..8t+7 of column g. Integer dot per chunk, then
-// acc += d_w * d_x * dot - m_w * (d_x * sum x) per (row, column); the warps' tiles are summed through shared memory
-// in a fixed order. The activations are read once per 16 rows, where mmvq reads them once per row (per 1-4 rows).
-// Launch rule (launch.mmvq_launches): block 32 * MMVQM_WARPS threads, grid ceil(m / 16) summed over the matrices (GLU:
-// over m0, each block dotting the gate and up tiles).
-// Chosen at 9..16 columns (launch.MMA_MIN_COLS; ENGINE_MMVQ_MMA=all forces it at every n). At 1..8 columns it is
-// slower than the other two: on the H200 at 4096 x 14336 (scripts/bench_mmvq_variants.py, 7 warp / pair settings)
-// its best n = 1 is 19.3 us and best n = 8 31.0 us, where mmvq takes 15.8 and mmvq_pieces 30.4.
-#ifndef MMVQM_WARPS
-#define MMVQM_WARPS 16
-#endif
-#ifndef MMVQM_PAIRS                    // chunk pairs per warp step: 1, 2 or 4 (1..8 columns)
-#define MMVQM_PAIRS 2
-#endif
-#ifndef MMVQM_PAIRS_HI                 // the same at 9..16 columns (2 spills 8-40 bytes on sm_90)
-#define MMVQM_PAIRS_HI 1
-#endif
-
-template <int NCOLS, int GLU>
-__global__ void __launch_bounds__(MMVQM_WARPS * 32)
-mmvq_mma_q4_K(MMVQ_PARAMS) {
-    constexpr int NT = GLU ? 2 : 1;                                // row tiles: the rows, or gate rows and up rows
-    constexpr int NB = (NCOLS + 7) / 8;                            // column tiles (B operands) of 8
-    constexpr int U = NCOLS > 8 ? MMVQM_PAIRS_HI : MMVQM_PAIRS;
-    static_assert(4 % U == 0, "a step's pairs lie in one block");
-    __shared__ float partial[MMVQM_WARPS][NT][16][8 * NB];        // each warp's tiles [row][column]
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int b = blockIdx.x, m = m0;
-    const u8* w = w0;
-    float* y = y0;
-    if (!GLU) select_matrix(16, w1, w2, y1, y2, m0, m1, m2, b, w, y, m);
-    const int row0 = b * 16;
-    const u8* wr[NT][2];                                          // rows g and g + 8 (past m: row m - 1, unwritten)
-#pragma unroll
-    for (int i = 0; i < NT; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-            wr[i][h] = (GLU ? (i ? w1 : w0) : w) + (long long)min(row0 + g + 8 * h, m - 1) * row_bytes + 8 * t;
-    bool has_col[NB];                                             // this lane's B column g + 8 nb exists
-    const signed char* act[NB];
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-        has_col[nb] = g + 8 * nb < NCOLS;
-        act[nb] = qs + (long long)(has_col[nb] ? g + 8 * nb : 0) * k + 8 * t;
-    }
-    float acc[NT][NB][4];
-#pragma unroll
-    for (int i = 0; i < NT; ++i)
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-            for (int l = 0; l < 4; ++l) acc[i][nb][l] = 0.f;
-    const int steps = (k >> 6) / U;
-    for (int s = warp; s < steps; s += MMVQM_WARPS) {
-        const int p0 = s * U, blk = (p0 >> 2) * 144, q0 = 16 + 32 * (p0 & 3);
-        uint4 hd[NT][2];                                          // block headers: d|dmin, 12 scale bytes
-        uint2 wq[U][NT][2], xa[U][NB][2];                         // quant bytes; activation bytes (chunks 2p, 2p+1)
-#pragma unroll
-        for (int i = 0; i < NT; ++i)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                hd[i][h] = *(const uint4*)(wr[i][h] - 8 * t + blk);
-#pragma unroll
-                for (int u = 0; u < U; ++u) wq[u][i][h] = *(const uint2*)(wr[i][h] + blk + q0 + 32 * u);
-            }
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-            for (int nb = 0; nb < NB; ++nb) {
-                xa[u][nb][0] = has_col[nb] ? *(const uint2*)(act[nb] + 64 * (p0 + u)) : make_uint2(0u, 0u);
-                xa[u][nb][1] = has_col[nb] ? *(const uint2*)(act[nb] + 64 * (p0 + u) + 32) : make_uint2(0u, 0u);
-            }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int p = p0 + u;
-            float dx[NB][2][2], sx[NB][2][2];                     // [tile][chunk][column 2t + q]: d_x, d_x * sum x
-#pragma unroll
-            for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-                for (int q = 0; q < 2; ++q) {
-                    const int col = 8 * nb + 2 * t + q;
-                    float4 v0 = make_float4(0.f, 0.f, 0.f, 0.f), v1 = v0;
-                    if (col < NCOLS) {
-                        const float4* dsc = (const float4*)(ds + (long long)col * (k >> 4) + 4 * p);
-                        v0 = dsc[0];
-                        v1 = dsc[1];
-                    }
-                    dx[nb][0][q] = v0.x; sx[nb][0][q] = v0.y + v0.w;
-                    dx[nb][1][q] = v1.x; sx[nb][1][q] = v1.y + v1.w;
-                }
-#pragma unroll
-            for (int i = 0; i < NT; ++i) {
-                float dw[2][2], mw[2][2];                         // [row g / g + 8][chunk]
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-#pragma unroll
-                    for (int cc = 0; cc < 2; ++cc) k4_chunk_scale(hd[i][h], 2 * (p & 3) + cc, dw[h][cc], mw[h][cc]);
-#pragma unroll
-                for (int cc = 0; cc < 2; ++cc) {
-                    const int a[4] = {(int)((wq[u][i][0].x >> (4 * cc)) & 0x0F0F0F0Fu),
-                                      (int)((wq[u][i][1].x >> (4 * cc)) & 0x0F0F0F0Fu),
-                                      (int)((wq[u][i][0].y >> (4 * cc)) & 0x0F0F0F0Fu),
-                                      (int)((wq[u][i][1].y >> (4 * cc)) & 0x0F0F0F0Fu)};
-#pragma unroll
-                    for (int nb = 0; nb < NB; ++nb) {
-                        const int bx[2] = {(int)xa[u][nb][cc].x, (int)xa[u][nb][cc].y};
-                        int c[4] = {0, 0, 0, 0};
-                        mma_k32(c, a, bx);
-#pragma unroll
-                        for (int l = 0; l < 4; ++l) {
-                            const int h = l >> 1, q = l & 1;
-                            acc[i][nb][l] += dw[h][cc] * dx[nb][cc][q] * (float)c[l] - mw[h][cc] * sx[nb][cc][q];
-                        }
-                    }
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < NT; ++i)
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-            for (int l = 0; l < 4; ++l)
-                partial[warp][i][g + 8 * (l >> 1)][8 * nb + 2 * t + (l & 1)] = acc[i][nb][l];
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < 16 * NCOLS; idx += MMVQM_WARPS * 32) {
-        const int r = idx / NCOLS, j = idx % NCOLS;
-        float a = 0.f, up = 0.f;
-#pragma unroll
-        for (int q = 0; q < MMVQM_WARPS; ++q) {
-            a += partial[q][0][r][j];
-            if (GLU) up += partial[q][NT - 1][r][j];
-        }
-        if (GLU) a = glu_act(GLU, a) * up;
-        if (row0 + r < m) y[(long long)j * m + row0 + r] = a;
-    }
-}
-
 // ---- Tensor-core MMVQ for Q4_K over k ranges (mmvq_tc_q4_K): same arguments, matrices, GLU and output as mmvq,
 // 1..16 columns, plus a partial-sum scratch and one counter per row block; groups = the k ranges ("splits"); and
 // the launch's column count, which past 16 columns may be below NCOLS (then a multiple of 8, 24..64: one kernel per
@@ -607,72 +411,24 @@ mmvq_mma_q4_K(MMVQ_PARAMS) {
 // summed over the matrices (GLU: over m0), splits), dynamic shared memory launch.mmvqt_smem_bytes; part holds
 // gridDim.x * splits * 16 * mmvqt_warps(NCOLS) * mmvqt_sums_cols(NCOLS) floats, counters gridDim.x ints, zero before
 // the first launch.
-#ifndef MMVQT_WARPS
 #define MMVQT_WARPS 8
-#endif
-#ifndef MMVQT_MIN_BLOCKS
 #define MMVQT_MIN_BLOCKS 2                     // blocks per SM the registers must allow
-#endif
-#ifndef MMVQT_WIDE_FROM
 #define MMVQT_WIDE_FROM 6                      // from this many columns to 8: 2 x MMVQT_WARPS warps, one block per SM
                                                // (half the activation traffic: 0.3-0.7 us faster at n = 6..8,
-                                               // slower at n = 1..5; BENCHMARKS.md, seventeenth session)
-#endif
+                                               // slower at n = 1..5; BENCHMARKS.md)
 // warps (16-row tiles) per block, and blocks per SM the registers must allow, at NCOLS columns (launch.mmvqt_warps)
 __host__ __device__ constexpr bool mmvqt_wide(int ncols) { return ncols >= MMVQT_WIDE_FROM && ncols <= 8; }
 __host__ __device__ constexpr int mmvqt_warps(int ncols) { return mmvqt_wide(ncols) ? 2 * MMVQT_WARPS : MMVQT_WARPS; }
 __host__ __device__ constexpr int mmvqt_min_blocks(int ncols) {   // past 16 columns shared memory allows one
     return mmvqt_wide(ncols) || ncols > 16 ? 1 : MMVQT_MIN_BLOCKS;
 }
-#ifndef MMVQT_STAGES
 #define MMVQT_STAGES 2                         // super-blocks of a warp's tile in flight (their lines) + 1
-#endif
 #define MMVQT_MAX_RANGE 16                     // super-blocks of a k range at most (launch.MMVQT_MAX_RANGE)
-// Timing diagnostics only (scripts/bench_mmvq_tc_variants.py; the sums are then wrong): a sum of parts to leave out,
-// 1 the activations' copies, 2 the weights' copies, 4 the k ranges' fixup (each block writes y), 8 the dot products,
-// 16 the last block's adding (the ranges still store their sums and count; y is not written).
-#ifndef MMVQT_DIAG
-#define MMVQT_DIAG 0
-#endif
-// Timing diagnostic: the last block adds the ranges' sums (and writes y) MMVQT_PASSES times, the same code each time
-// (the second pass shows what the first costs beyond a warm instruction cache and warm lines).
-#ifndef MMVQT_PASSES
-#define MMVQT_PASSES 1
-#endif
 // A row's sums in shared memory and part: padded to 4 columns above 2, so that the last block adds them 4 (or 2)
 // columns per load (16- / 8-byte loads; the adding's time grows with its loads per thread: 0.19-0.40 us faster at
-// n = 4 and 8 than one column per load, BENCHMARKS.md seventeenth session)
+// n = 4 and 8 than one column per load, BENCHMARKS.md)
 __host__ __device__ constexpr int mmvqt_sums_cols(int ncols) { return ncols > 2 ? (ncols + 3) / 4 * 4 : ncols; }
 template <int V> struct alignas(4 * V) FloatVec { float v[V]; };   // V consecutive floats, loaded as one
-
-// MMVQT_TRACE (a timing diagnostic, bench_mmvq_tc_variants.py TRACE=1): thread 0 of each of the first 1024 blocks
-// (y-major) records [globaltimer at entry, clock64 at entry, after the prologue, after the loop, after the count
-// (k ranges > 1), at the end, globaltimer at exit, smid | last << 32] in mmvqt_trace.
-#ifdef MMVQT_TRACE
-__device__ unsigned long long mmvqt_trace[1024][8];
-__device__ __forceinline__ void mmvqt_stamp(int i, unsigned long long v) {
-    const unsigned b = blockIdx.y * gridDim.x + blockIdx.x;
-    if (threadIdx.x == 0 && b < 1024) mmvqt_trace[b][i] = v;
-}
-__device__ __forceinline__ unsigned long long mmvqt_globaltimer() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-__device__ __forceinline__ void mmvqt_stamp_exit(bool last) {
-    u32 sm;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    mmvqt_stamp(6, mmvqt_globaltimer());
-    mmvqt_stamp(7, sm | (unsigned long long)last << 32);
-}
-#define MMVQT_STAMP(i) mmvqt_stamp(i, clock64())
-#define MMVQT_STAMP_ENTRY() (mmvqt_stamp(0, mmvqt_globaltimer()), MMVQT_STAMP(1))
-#define MMVQT_STAMP_EXIT(last) mmvqt_stamp_exit(last)
-#else
-#define MMVQT_STAMP(i)
-#define MMVQT_STAMP_ENTRY()
-#define MMVQT_STAMP_EXIT(last)
-#endif
 
 #define MMVQT_WIN (MMVQT_STAGES > 2 ? 8 : 4)   // lines per window row (holds MMVQT_STAGES super-blocks' lines)
 #define MMVQT_WIN_LD (128 * MMVQT_WIN + 16)    // a window row's bytes, padded (conflict-free 8-byte reads)
@@ -695,7 +451,6 @@ struct Q4KLineStager {
     }
     // cp.async line l of each row (pieces past the row's end: zeros, nothing read) into the window at win
     __device__ __forceinline__ void line(u32 win, const u8* tile, int l, int lane) const {
-        if (MMVQT_DIAG & 2) return;
         const bool in = 128 * l + 16 * (lane & 7) < row_bytes;
         const u8* b = tile + (in ? 128 * l : 0);
         const u32 w = win + 128 * (l & (MMVQT_WIN - 1));
@@ -797,7 +552,6 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters, 
     constexpr int NB = (NCOLS + 7) / 8, C8 = 8 * NB;              // C8: the B tiles' columns
     constexpr int LD = mmvqt_sums_cols(NCOLS);                    // a row's sums (launch.mmvqt_sums_cols)
     constexpr int ROWS = 16 * WARPS / (GLU ? 2 : 1);              // output rows per block (launch.mmvqt_rows)
-    MMVQT_STAMP_ENTRY();
     const int splits = groups, z = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int nsb = k >> 8, per = (nsb + splits - 1) / splits;    // per: the most super-blocks of a range
@@ -820,7 +574,7 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters, 
     const u8* tile = w + (long long)tile0 * row_bytes;
     const u32 win_at = smem_addr(win);
     const int chunk0 = sb0 * 8, chunks = count * 8;
-    for (int i = threadIdx.x; i < chunks * C8 * 2 && !(MMVQT_DIAG & 1); i += blockDim.x) {   // 16-byte halves of
+    for (int i = threadIdx.x; i < chunks * C8 * 2; i += blockDim.x) {   // 16-byte halves of
         const int c = i / (C8 * 2), col = (i >> 1) % C8, half = i & 1;                   // (chunk, column)
         signed char* dst = xq + (c * C8 + col) * 32 + 16 * half;
         if (col < ncols) cp_async16_at(smem_addr(dst), qs + (long long)col * k + (chunk0 + c) * 32 + 16 * half);
@@ -842,7 +596,7 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters, 
         for (int e = 0; e < DS_MAX; ++e) {
             const int i = base + threadIdx.x + e * blockDim.x, c = i / C8, col = i % C8;
             dsq[e] = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (i < chunks * C8 && col < ncols && !(MMVQT_DIAG & 1))
+            if (i < chunks * C8 && col < ncols)
                 dsq[e] = *(const float4*)(ds + (long long)col * (k >> 4) + 2 * (chunk0 + c));
         }
 #pragma unroll
@@ -862,7 +616,6 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters, 
 #pragma unroll
         for (int l = 0; l < 4; ++l) acc[nb][l] = 0.f;
     __syncthreads();
-    MMVQT_STAMP(2);
     if (live)
         for (int i = 0; i < count; ++i) {
             // super-block ahead's lines not staged yet, over lines read at the step before
@@ -873,8 +626,7 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters, 
             __syncwarp();
             Q4KTileRows r;
             q4k_window_read(r, win, (144 * (sb0 + i)) & (128 * MMVQT_WIN - 1), g, t);
-            if (!(MMVQT_DIAG & 8))
-                q4k_tile_dot<NB>(r, xq + i * 8 * C8 * 32, dxs + i * 8 * C8, sxs + i * 8 * C8, g, t, acc);
+            q4k_tile_dot<NB>(r, xq + i * 8 * C8 * 32, dxs + i * 8 * C8, sxs + i * 8 * C8, g, t, acc);
             __syncwarp();
         }
 #pragma unroll
@@ -885,11 +637,10 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters, 
             if (col < LD) sums[(warp * 16 + g + 8 * (l >> 1)) * LD + col] = acc[nb][l];   // (past NCOLS: 0)
         }
     __syncthreads();
-    MMVQT_STAMP(3);
     constexpr int P = WARPS * 16 * LD;                           // one block's sums
     const float* src = sums;                                      // the sums to add: this block's, or every range's
     long long zstride = 0;
-    if (splits > 1 && !(MMVQT_DIAG & 4)) {
+    if (splits > 1) {
         float* mine = part + ((long long)blockIdx.x * splits + z) * P;
         for (int i = threadIdx.x; i < P / 4; i += blockDim.x) ((float4*)mine)[i] = ((const float4*)sums)[i];
         __syncthreads();
@@ -904,12 +655,9 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters, 
             }
         }
         __syncthreads();
-        MMVQT_STAMP(4);
         if (!last) {
-            MMVQT_STAMP_EXIT(false);
             return;
         }
-        if (MMVQT_DIAG & 16) return;                              // (timing: the count without the adding)
         src = part + (long long)blockIdx.x * splits * P;
         zstride = P;
     }
@@ -917,8 +665,6 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters, 
     constexpr int GROUPS = ROWS * LD / V;                        // (row, V columns) groups to add
     constexpr int OUTS = (GROUPS + WARPS * 32 - 1) / (WARPS * 32);   // groups per thread
     constexpr int BATCH = OUTS < 4 / V ? OUTS : 4 / V;            // groups whose ranges' loads go together
-#pragma unroll 1
-    for (int pass = 0; pass < MMVQT_PASSES; ++pass)               // (a timing diagnostic above 1)
 #pragma unroll
     for (int o0 = 0; o0 < OUTS; o0 += BATCH) {
         FloatVec<V> a[BATCH], up[BATCH];
@@ -963,56 +709,4 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters, 
             }
         }
     }
-#ifdef MMVQT_TRACE
-    __syncthreads();
-    MMVQT_STAMP(5);
-    MMVQT_STAMP_EXIT(true);
-#endif
 }
-
-#define INSTANTIATE_MMVQ_G(T, N, G) template __global__ void mmvq<T, N, G>(MMVQ_PARAM_TYPES);
-#define INSTANTIATE_MMVQ_N(T, N) INSTANTIATE_MMVQ_G(T, N, 0) INSTANTIATE_MMVQ_G(T, N, 1) INSTANTIATE_MMVQ_G(T, N, 2)
-#define INSTANTIATE_MMVQ(T) INSTANTIATE_MMVQ_N(T, 1) INSTANTIATE_MMVQ_N(T, 2) INSTANTIATE_MMVQ_N(T, 3) \
-    INSTANTIATE_MMVQ_N(T, 4) INSTANTIATE_MMVQ_N(T, 5) INSTANTIATE_MMVQ_N(T, 6) INSTANTIATE_MMVQ_N(T, 7) \
-    INSTANTIATE_MMVQ_N(T, 8)
-#define INSTANTIATE_MMVQP_G(T, N, G) template __global__ void mmvq_pieces<T, N, G>(MMVQ_PARAM_TYPES);
-#define INSTANTIATE_MMVQP_N(T, N) INSTANTIATE_MMVQP_G(T, N, 0) INSTANTIATE_MMVQP_G(T, N, 1) \
-    INSTANTIATE_MMVQP_G(T, N, 2)
-#define INSTANTIATE_MMVQP(T) INSTANTIATE_MMVQP_N(T, 1) INSTANTIATE_MMVQP_N(T, 2) INSTANTIATE_MMVQP_N(T, 3) \
-    INSTANTIATE_MMVQP_N(T, 4) INSTANTIATE_MMVQP_N(T, 5) INSTANTIATE_MMVQP_N(T, 6) INSTANTIATE_MMVQP_N(T, 7) \
-    INSTANTIATE_MMVQP_N(T, 8)
-#define INSTANTIATE_MMVQM_G(N, G) template __global__ void mmvq_mma_q4_K<N, G>(MMVQ_PARAM_TYPES);
-#define INSTANTIATE_MMVQM_N(N) INSTANTIATE_MMVQM_G(N, 0) INSTANTIATE_MMVQM_G(N, 1) INSTANTIATE_MMVQM_G(N, 2)
-#ifndef MMVQ_SKIP_MMA                                 // (a benchmark's variant build of another kernel)
-INSTANTIATE_MMVQM_N(1) INSTANTIATE_MMVQM_N(2) INSTANTIATE_MMVQM_N(3) INSTANTIATE_MMVQM_N(4)
-INSTANTIATE_MMVQM_N(5) INSTANTIATE_MMVQM_N(6) INSTANTIATE_MMVQM_N(7) INSTANTIATE_MMVQM_N(8)
-INSTANTIATE_MMVQM_N(9) INSTANTIATE_MMVQM_N(10) INSTANTIATE_MMVQM_N(11) INSTANTIATE_MMVQM_N(12)
-INSTANTIATE_MMVQM_N(13) INSTANTIATE_MMVQM_N(14) INSTANTIATE_MMVQM_N(15) INSTANTIATE_MMVQM_N(16)
-#endif
-#define INSTANTIATE_MMVQT_G(N, G) template __global__ void mmvq_tc_q4_K<N, G>(MMVQ_PARAM_TYPES, float* __restrict__, \
-    int* __restrict__, int);
-#define INSTANTIATE_MMVQT_N(N) INSTANTIATE_MMVQT_G(N, 0) INSTANTIATE_MMVQT_G(N, 1) INSTANTIATE_MMVQT_G(N, 2)
-#ifndef MMVQ_SKIP_TC
-INSTANTIATE_MMVQT_N(1) INSTANTIATE_MMVQT_N(2) INSTANTIATE_MMVQT_N(3) INSTANTIATE_MMVQT_N(4)
-INSTANTIATE_MMVQT_N(5) INSTANTIATE_MMVQT_N(6) INSTANTIATE_MMVQT_N(7) INSTANTIATE_MMVQT_N(8)
-INSTANTIATE_MMVQT_N(9) INSTANTIATE_MMVQT_N(10) INSTANTIATE_MMVQT_N(11) INSTANTIATE_MMVQT_N(12)
-INSTANTIATE_MMVQT_N(13) INSTANTIATE_MMVQT_N(14) INSTANTIATE_MMVQT_N(15) INSTANTIATE_MMVQT_N(16)
-INSTANTIATE_MMVQT_N(24) INSTANTIATE_MMVQT_N(32) INSTANTIATE_MMVQT_N(40) INSTANTIATE_MMVQT_N(48)   // build.TC_WIDE_NCOLS
-INSTANTIATE_MMVQT_N(56) INSTANTIATE_MMVQT_N(64)
-#endif
-#define FOR_EACH_PIECE_QTYPE(X) X(T_Q4_K)        // the types with a piece<T> (build.py PIECE_QTYPES)
-#if defined(MMVQ_ONLY_PAIRS)                          // a benchmark's variant build of mmvq_q4_K_pairs alone
-#define INSTANTIATE_MMVQ2_N(N) template __global__ void mmvq_q4_K_pairs<N, 0>(MMVQ_PARAM_TYPES);
-INSTANTIATE_MMVQ2_N(1) INSTANTIATE_MMVQ2_N(2) INSTANTIATE_MMVQ2_N(3) INSTANTIATE_MMVQ2_N(4)
-INSTANTIATE_MMVQ2_N(5) INSTANTIATE_MMVQ2_N(6) INSTANTIATE_MMVQ2_N(7) INSTANTIATE_MMVQ2_N(8)
-#elif defined(MMVQ_ONLY_TYPE)                         // a benchmark's variant build: one type
-INSTANTIATE_MMVQ(MMVQ_ONLY_TYPE)
-#ifdef MMVQ_ONLY_PIECES
-INSTANTIATE_MMVQP(MMVQ_ONLY_TYPE)
-#endif
-#else
-FOR_EACH_QTYPE(INSTANTIATE_MMVQ)
-FOR_EACH_PIECE_QTYPE(INSTANTIATE_MMVQP)
-#define INSTANTIATE_MMVQ2_G(N, G) template __global__ void mmvq_q4_K_pairs<N, G>(MMVQ_PARAM_TYPES);
-INSTANTIATE_MMVQ2_G(1, 0) INSTANTIATE_MMVQ2_G(1, 1) INSTANTIATE_MMVQ2_G(1, 2)   // launch.PAIRS_MAX_COLS = 1
-#endif
