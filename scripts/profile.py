@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Where a forward pass spends its time on the GPU: per backend operation, and decode as graph vs whole step.
+"""Where the GPU time goes, one entry point:
 
-    python scripts/profile_step.py MODEL [--prompt 512] [--steps 64]
+    python scripts/profile.py step MODEL [--prompt 512] [--steps 64]
+    python scripts/profile.py ncu-decode MODEL [B]
 
+step: where a forward pass spends its time on the GPU, per backend operation, and decode as graph vs whole step.
 prefill: one ubatch of --prompt tokens run eagerly with CUDA events around every backend operation (mul_mat split by
 the path dispatch takes); where the host enqueues ahead of the kernels (large models) the event times are GPU times,
 elsewhere they include launch gaps. Where glu falls back to two mul_mats (above 8 tokens) their times are
@@ -10,8 +12,16 @@ counted under both glu and mul_mat.
 Then the same ubatch replayed from a CUDA graph: the whole prefill call and the replay alone.
 decode: the mean wall time of a whole decode step (Runtime.decode: input copy, graph replay, logits copy), of the
 graph replay alone (launch + synchronize), and of an eager step (graphs off).
+
+ncu-decode: per-kernel GPU time of one decode step of B sequences (1; each first prefilled with 64 tokens), read by
+Nsight Compute (ncu on the PATH): two eager decode steps under
+`ncu --clock-control none --csv --page raw --metrics gpu__time_duration.sum`, the time per kernel name of the second
+step, largest first, with the step's total.
 """
 import argparse
+import csv
+import io
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -22,6 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.cuda import dispatch  # noqa: E402
+from engine.cuda.config import CudaConfig  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
 
 OPS = ("embed", "mul_mat", "mul_mats", "glu", "rms_norm", "add_rms_norm", "rope", "attention", "swiglu", "geglu", "add", "scale",
@@ -123,16 +134,78 @@ def profile_decode(rt, steps):
     print(line + f", eager step {eager * 1e6:.0f} us ({1 / eager:.0f} t/s)")
 
 
+def ncu_step(model: str, b: int) -> None:
+    """What ncu-decode profiles (run under ncu): b sequences prefilled with 64 tokens, then two eager decode steps
+    between cudaProfilerStart and Stop (the first loads the kernels' modules)."""
+    import cupy
+    rt = Runtime.load(model, device="cuda", n_ctx=512, n_seq=b, cuda=CudaConfig(graphs=False))
+    for seq in range(b):
+        rt.prefill(list(range(100 + seq, 164 + seq)), seq=seq)
+    rt.backend.synchronize()
+    cupy.cuda.profiler.start()                           # ncu --profile-from-start off: the two steps alone
+    rt.decode(list(range(b)), [200] * b, [64] * b)
+    rt.decode(list(range(b)), [201] * b, [65] * b)
+    rt.backend.synchronize()
+    cupy.cuda.profiler.stop()
+
+
+def ncu_decode(model: str, b: int) -> None:
+    """Nsight Compute's per-kernel times of the second of two eager decode steps of b sequences."""
+    cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "raw", "--metrics",
+           "gpu__time_duration.sum", sys.executable, __file__, "ncu-step", model, str(b)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith('"')]
+    if not lines:
+        print("ncu gave no rows:", r.stdout[-2000:], r.stderr[-2000:])
+        raise SystemExit(1)
+    rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
+    rows = [row for row in rows if row.get("ID", "").isdigit()]
+    key = next(k for k in rows[0] if "gpu__time_duration" in k)
+    # the last two decode steps launch the same kernels: take the last half of the final 2*s launches
+    names = [row["Kernel Name"] for row in rows]
+    times = [float(row[key].replace(",", "")) for row in rows]
+    step = None
+    for s in range(len(names) // 2, 0, -1):
+        if names[-s:] == names[-2 * s:-s]:
+            step = s
+            break
+    if step is None:
+        print("could not find two equal decode steps")
+        raise SystemExit(1)
+    totals, counts = defaultdict(float), defaultdict(int)
+    for nm, t in zip(names[-step:], times[-step:]):
+        short = nm.split("(")[0][:60]
+        totals[short] += t
+        counts[short] += 1
+    total = sum(totals.values())
+    print(f"{model}: one decode step of {b} sequences = {step} kernels, {total / 1000:.1f} us of kernel time (from ncu)")
+    for nm in sorted(totals, key=totals.get, reverse=True):
+        print(f"  {nm:<62} {counts[nm]:>4} x {totals[nm] / counts[nm] / 1000:7.2f} us = {totals[nm] / 1000:8.1f} us "
+              f"{100 * totals[nm] / total:5.1f} %")
+
+
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("model")
-    ap.add_argument("--prompt", type=int, default=512)
-    ap.add_argument("--steps", type=int, default=64)
+    ap = argparse.ArgumentParser(prog="profile.py")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("step", help="per operation, prefill and decode")
+    p.add_argument("model")
+    p.add_argument("--prompt", type=int, default=512)
+    p.add_argument("--steps", type=int, default=64)
+    for name in ("ncu-decode", "ncu-step"):
+        p = sub.add_parser(name, help="Nsight Compute's per-kernel times of one decode step" if name == "ncu-decode"
+                           else "(what ncu-decode runs under ncu)")
+        p.add_argument("model")
+        p.add_argument("b", nargs="?", type=int, default=1)
     args = ap.parse_args()
-    rt = Runtime.load(args.model, device="cuda", n_ubatch=args.prompt)
-    print(f"== {Path(rt.gguf.path).name}")
-    profile_prefill(rt, args.prompt)
-    profile_decode(rt, args.steps)
+    if args.cmd == "step":
+        rt = Runtime.load(args.model, device="cuda", n_ubatch=args.prompt)
+        print(f"== {Path(rt.gguf.path).name}")
+        profile_prefill(rt, args.prompt)
+        profile_decode(rt, args.steps)
+    elif args.cmd == "ncu-decode":
+        ncu_decode(args.model, args.b)
+    else:
+        ncu_step(args.model, args.b)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,526 @@
+#!/usr/bin/env python3
+"""The benchmarks, one entry point:
+
+    python scripts/bench.py mul-mat   [--reps 50] [--types q4_K,q8_0] [--ns 1,9,16] [--compare] [--graph]
+    python scripts/bench.py attention [--n 512] [--reps 20]
+    python scripts/bench.py decode    MODEL [--npl 1,8,16,32] [--npp 128] [--ntg 128] [--scheduler | --churn]
+    python scripts/bench.py http      MODEL [--clients 1,8,32,64] [--step-ms 10] [--slots 64]
+
+(`engine bench MODEL` measures one sequence's prefill and decode, llama-bench's pp / tg; scripts/load_test.py a
+running server.) Each subcommand's own description follows.
+
+mul-mat: Kernel benchmark at llama.cpp's test-backend-ops shapes: m = 4096, k = 14336, n in {1,2,3,4,5,8,512}.
+
+    python scripts/bench.py mul-mat [--reps 50] [--types q4_K,q8_0] [--ns 1,9,16] [--compare]
+
+Two times per (type, n, path), medians over reps with CUDA events, weights rotated over copies that together exceed
+the L2 cache:
+  call_us   one whole mul_mat call from Python (activation quantization, allocations and launch costs included)
+  kernel_us the GPU time of the matmul kernel(s) alone: 10 back-to-back launches on preallocated buffers, divided by 10
+TOPS = 2*m*n*k / kernel_us; weight GB/s = weight bytes / kernel_us.
+--compare also times every quantized type on each path that can take n above 8 columns (MMVQ up to 16, MMQ from 16,
+dequantize+cuBLAS) at n = 9, 12, 16, ..., 512 (for dispatch.py's table). --ns replaces the column counts.
+
+attention: Prefill attention on the GPU at the real models' shapes: one sequence, a ubatch of n tokens from position 0.
+
+    python scripts/bench.py attention [--n 512] [--reps 20]
+
+Times the attention kernel alone (10 back-to-back launches on a filled cache, / 10) with an f16 cache (tensor cores,
+attention_mma.cu) and an f32 cache (SIMT, attention.cu), medians of reps with CUDA events; TFLOPS counts the causal
+half of QK^T and PV (4 n^2/2 d flops per head).
+
+decode: Batched decode speed, llama-batched-bench style: B sequences each prefilled with npp random tokens, then ntg decode
+steps of all B at once (greedy, the argmax taken on the device); generated tokens/s = B * ntg / time of the steps.
+
+    python scripts/bench.py decode MODEL [--npl 1,8,16,32] [--npp 128] [--ntg 128] [--device cuda]
+    python scripts/bench.py decode MODEL --scheduler [--temp 0.8]
+    python scripts/bench.py decode MODEL --churn [--npp 12 --ntg 64 --seconds 8]
+
+--scheduler measures the engine core as `engine serve` runs it, without HTTP: B requests submitted to the Scheduler
+at once (prefilled together), then decoded with sampling on the device; tokens/s from the step where all B are
+decoding to the last.
+
+--churn measures the engine core under a server's load, without HTTP: B requests in flight at all times, each
+replaced by a new one (a fresh npp-token prompt) as it finishes, their ends spread out as a server's clients'; so most
+steps carry a prompt or two beside the decode rows. Prints tokens/s, TTFT (submit to first token) and the steps.
+
+ANCHORS.md's llama.cpp figures: `llama-batched-bench -npp 128 -ntg 128 -npl B -fa on`.
+
+http: What the HTTP front end costs: `engine serve`'s app in front of a stand-in engine core that emits one token per
+running request every --step-ms (as a GPU step would), loaded by scripts/load_test.py.
+
+    python scripts/bench.py http MODEL.gguf --clients 1,8,32,64 --step-ms 10 --slots 64 [--seconds 8]
+
+The stand-in runs no model: the figure is the front end's (tokenization, detokenization, stop strings, SSE,
+uvicorn) and the load generator's ceiling on this machine. A core that steps every S ms with B requests running
+emits B / S tokens per ms; each row prints that ceiling beside what the clients received.
+MODEL only supplies the tokenizer.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+import argparse
+import dataclasses
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import zmq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.backends.base import Batch
+from engine.bench import _sync
+from engine.cuda.config import CudaConfig
+from engine.quants import TYPES, GGMLType, random_blocks
+from engine.runtime import Runtime
+from server.core import CoreConfig
+from server.messages import (Abort, AddRequest, CoreStats, Event, Outputs, Ready, Shutdown, encoder,
+                             to_core_decoder)  # noqa: E402
+
+
+# ---- mul-mat -------------------------------------------------------------------------------------------------------
+
+M, K = 4096, 14336
+
+
+TYPE_NAMES = {"f16": GGMLType.F16, "q4_0": GGMLType.Q4_0, "q4_1": GGMLType.Q4_1, "q5_0": GGMLType.Q5_0,
+              "q8_0": GGMLType.Q8_0, "q4_K": GGMLType.Q4_K, "q5_K": GGMLType.Q5_K, "q6_K": GGMLType.Q6_K,
+              "q2_K": GGMLType.Q2_K, "q3_K": GGMLType.Q3_K, "q5_1": GGMLType.Q5_1, "iq4_nl": GGMLType.IQ4_NL,
+              "iq4_xs": GGMLType.IQ4_XS}
+
+
+DEFAULT_TYPES = ["f16", "q4_0", "q4_1", "q5_0", "q8_0", "q4_K", "q5_K", "q6_K"]
+
+
+def time_call(fn, reps):
+    import cupy as cp
+    for _ in range(3):
+        fn(0)
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for i in range(reps):
+        start.record()
+        fn(i)
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop) * 1000.0)   # us
+    return float(np.median(times))
+
+
+def kernel_only(path, w, x, out):
+    """A closure launching just the matmul kernel(s) of `path` on preallocated inputs and output."""
+    import cupy as cp
+
+    from engine.cuda import launch
+    n = x.shape[0]
+    if path == "mmvq":                      # the launch's arguments built once per weight copy (no Python per call)
+        qs, ds = launch.quantize_q8_1(x)
+        plans = {}
+
+        def run(wi):
+            if id(wi) not in plans:
+                plans[id(wi)] = launch.mmvq_launches([wi], qs, ds, n, [out])
+            for fn, grid, block, args in plans[id(wi)]:
+                fn(grid, block, args)
+        return run
+    if path == "mmq":
+        qs, ds = launch.quantize_q8_1(x, (n + launch.MMQ_BN - 1) // launch.MMQ_BN * launch.MMQ_BN)
+        return lambda wi: launch.mmq(wi, qs, ds, n, out)
+    if path == "dequant":
+        deq = cp.empty((w.m, w.k), cp.float16)
+        x16 = x.astype(cp.float16)
+        return lambda wi: (launch.dequantize_into(wi, deq), launch.gemm_xwt(x16, deq, out))
+    if path == "mmvf":
+        return lambda wi: launch.mmvf(wi, x, out)
+    return lambda wi: launch.gemm_xwt(x, wi.data, out)
+
+
+def time_batched(fn, ws, reps, batch=10):
+    return time_call(lambda i: [fn(ws[(i * batch + b) % len(ws)]) for b in range(batch)], reps) / batch
+
+
+def time_graph(call, ws, reps: int, per: int = 20) -> float:
+    """us per call: call(w) for `per` weights in turn captured as one CUDA graph, median of reps replays / per."""
+    import cupy as cp
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        call(ws[0])                                   # loads the kernel outside the capture
+        stream.synchronize()
+        stream.begin_capture()
+        for i in range(per):
+            call(ws[i % len(ws)])
+        graph = stream.end_capture()
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for i in range(reps + 3):
+        start.record(stream)
+        graph.launch(stream=stream)
+        stop.record(stream)
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop) * 1000.0 / per)
+    return float(np.median(times[3:]))
+
+
+def warm_gpu(seconds: float = 1.0):
+    """Keep the GPU busy copying for a while so its clocks are up before timing (an idle H200 sat at 345 MHz, and a
+    variants run started right after measured every kernel ~20 % slow)."""
+    import time
+
+    import cupy as cp
+    a = cp.empty(256 << 20, cp.uint8)
+    b = cp.empty_like(a)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(10):
+            cp.copyto(b, a)
+        cp.cuda.Device().synchronize()
+
+
+def copy_bandwidth():
+    import cupy as cp
+    a = cp.empty(2 << 30, cp.uint8)
+    b = cp.empty_like(a)
+    us = time_call(lambda i: cp.copyto(b, a), 10)
+    return 2 * a.nbytes / (us * 1e-6) / 1e9
+
+
+def mul_mat_main(argv):
+    import cupy as cp
+
+    from engine.cuda import launch
+    from engine.cuda.dispatch import choose_path, mul_mat
+    from engine.cuda.weights import upload
+
+    ap = argparse.ArgumentParser(prog="bench.py mul-mat")
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--types", default=",".join(DEFAULT_TYPES))
+    ap.add_argument("--compare", action="store_true")
+    ap.add_argument("--ns", default="", help="column counts (default: the issue's)")
+    ap.add_argument("--graph", action="store_true",
+                    help="MMVQ kernel times from a CUDA graph of 20 launches (no host time between launches, which "
+                         "10 back-to-back launches from Python leave where a kernel is shorter than its launch)")
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, "
+          f"copy bandwidth {copy_bandwidth():.0f} GB/s (read + write)")
+    rows = []
+    for name in args.types.split(","):
+        t = TYPE_NAMES[name]
+        info = TYPES[t]
+        blocks = random_blocks(t, M * K // info.block_size, rng)
+        w0 = upload(t, (M, K), blocks)
+        copies = max(2, int(np.ceil(200e6 / w0.nbytes)))          # > 2x the 50 MB L2
+        ws = [w0] + [upload(t, (M, K), blocks) for _ in range(copies - 1)]
+        ns = [1, 2, 3, 4, 5, 8, 512] + ([16, 32, 64, 128, 256] if t == GGMLType.Q4_K else [])
+        if args.compare and info.quantized:
+            ns = sorted(set(ns) | {9, 12, 16, 32, 64, 128, 256, 512})
+        if args.ns:
+            ns = [int(v) for v in args.ns.split(",")]
+        for n in sorted(ns):
+            x = cp.asarray(rng.standard_normal((n, K)).astype(np.float32))
+            paths = [choose_path(w0, n)]
+            if args.compare and info.quantized and n > 8:
+                paths = (["mmvq"] if n <= launch.mmvq_max_cols(int(t)) else []) + (["mmq"] if n >= 16 else []) + ["dequant"]
+            out = cp.empty((n, M), cp.float32)
+            for path in paths:
+                call_us = time_call(lambda i: mul_mat(ws[i % len(ws)], x, path=path), args.reps)
+                timer = time_graph if args.graph and path == "mmvq" else time_batched
+                us = timer(kernel_only(path, w0, x, out), ws, args.reps)
+                rows.append((name, n, path, call_us, us, w0.nbytes / (us * 1e-6) / 1e9,
+                             2 * M * n * K / (us * 1e-6) / 1e12))
+        del ws, w0
+        cp.get_default_memory_pool().free_all_blocks()
+    print(f"\nm = {M}, k = {K}; medians of {args.reps}\n")
+    print("| type | n | path | call us | kernel us | weight GB/s | TOPS |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, n, path, call_us, us, gbs, tops in rows:
+        print(f"| {name} | {n} | {path} | {call_us:.1f} | {us:.1f} | {gbs:.0f} | {tops:.1f} |")
+
+
+# ---- attention -----------------------------------------------------------------------------------------------------
+
+SHAPES = {"SmolLM2-135M": (9, 3, 64), "Gemma 3 270M": (4, 1, 256), "Llama-3 8B": (32, 8, 128)}  # n_head, n_kv, d
+
+
+def attention_main(argv):
+    import cupy as cp
+
+    from engine.backends.cuda import CUDABackend
+    from engine.cuda import launch
+    ap = argparse.ArgumentParser(prog="bench.py attention")
+    ap.add_argument("--n", type=int, default=512)
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args(argv)
+    n, rng = args.n, np.random.default_rng()
+    batch = Batch.make(np.zeros(n), np.arange(n), np.zeros(n), np.array([n - 1]))
+    print(f"prefill attention, {n} tokens from position 0, medians of {args.reps}\n")
+    print("| model shape | n_head / n_kv / head_dim | f16 cache (mma) us | TFLOPS | f32 cache (SIMT) us | TFLOPS |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, (n_head, n_kv, d) in SHAPES.items():
+        q = cp.asarray(rng.standard_normal((n, n_head, d)).astype(np.float32))
+        k = cp.asarray(rng.standard_normal((n, n_kv, d)).astype(np.float32))
+        v = cp.asarray(rng.standard_normal((n, n_kv, d)).astype(np.float32))
+        cells = []
+        for kv_f32 in (False, True):
+            be = CUDABackend(kv_f32=kv_f32, config=CudaConfig(graphs=False))
+            cache = be.kv_cache(1, 1, n, n_kv, d)
+            out = cp.empty((n, n_head, d), cp.float32)
+            with be.stream:
+                be.attention(q, k, v, cache, 0, batch, d ** -0.5, None)      # stores k, v in the cache
+                args_ = (q, cache.k[0], cache.v[0], out, be._dev(batch.seq_ids), be._dev(batch.positions),
+                         np.int32(n), np.int32(n_head), np.int32(n_kv), np.int32(n), np.float32(d ** -0.5),
+                         np.int32(0))
+                if kv_f32:
+                    us = time_batched(lambda _: launch.attention_prefill_simt(d, ((n + 31) // 32, n_head), args_),
+                                      [None], args.reps)
+                else:
+                    us = time_batched(lambda _: launch.attention_prefill_mma(d, ((n + 15) // 16, n_head), args_),
+                                      [None], args.reps)
+            flops = 4 * n * n / 2 * d * n_head
+            cells += [f"{us:.1f}", f"{flops / (us * 1e-6) / 1e12:.1f}"]
+        print(f"| {name} | {n_head} / {n_kv} / {d} | " + " | ".join(cells) + " |")
+
+
+# ---- decode --------------------------------------------------------------------------------------------------------
+
+def decode_speed(rt: Runtime, b: int, npp: int, ntg: int, rng) -> float:
+    for s in range(b):
+        rt.prefill(rng.integers(100, rt.config.n_vocab - 100, npp).tolist(), seq=s, logits=False)
+    toks = rng.integers(100, rt.config.n_vocab - 100, b).tolist()
+    seqs = list(range(b))
+    rt.decode(seqs, toks, [npp] * b, greedy=True)                 # loads kernels, captures this batch size's graph
+    _sync(rt)
+    t0 = time.perf_counter()
+    for i in range(1, ntg + 1):
+        toks = [int(t) for t in rt.decode(seqs, toks, [npp + i] * b, greedy=True)]
+    _sync(rt)
+    return b * ntg / (time.perf_counter() - t0)
+
+
+def scheduler_speed(rt: Runtime, b: int, npp: int, ntg: int, rng, temperature: float) -> float:
+    """Tokens/s of the Scheduler's steps once all b requests are decoding (their prompts are prefilled together
+    first, in chunks of the step budget, as a server admits them)."""
+    from engine.sampling import SamplingParams
+    from engine.scheduler import Request, Scheduler, TokenEvent
+    sched = Scheduler(rt)
+    counts = [0] * b
+
+    def on_event(i):
+        def count(ev):
+            counts[i] += isinstance(ev, TokenEvent)
+        return count
+    for i in range(b):
+        prompt = rng.integers(100, rt.config.n_vocab - 100, npp).tolist()
+        params = SamplingParams(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0)
+        sched.submit(Request(prompt, params, ntg, ignore_eos=True), on_event(i))
+    while min(counts) == 0:
+        sched.step()
+    _sync(rt)
+    t0, before = time.perf_counter(), sum(counts)
+    while sched.step():
+        pass
+    _sync(rt)
+    return (sum(counts) - before) / (time.perf_counter() - t0)
+
+
+def churn_speed(rt: Runtime, b: int, npp: int, ntg: int, seconds: float, rng, temperature: float) -> str:
+    """B requests kept in flight for `seconds` (after one warm-up round) -> a table row."""
+    from engine.sampling import SamplingParams
+    from engine.scheduler import Request, Scheduler, TokenEvent
+    sched = Scheduler(rt)
+    tokens, ttft, submitted = [0], [], {}
+
+    def submit(max_tokens: int) -> None:
+        prompt = rng.integers(100, rt.config.n_vocab - 100, npp).tolist()
+        params = SamplingParams(temperature=temperature, top_k=40, top_p=0.95, min_p=0.0,
+                                seed=int(rng.integers(1 << 31)))
+        box = {}
+
+        def on_event(ev):
+            if isinstance(ev, TokenEvent):
+                tokens[0] += 1
+                if box["sid"] in submitted:
+                    ttft.append(time.perf_counter() - submitted.pop(box["sid"]))
+            elif measuring[0]:
+                submit(ntg)
+        box["sid"] = sched.submit(Request(prompt, params, max_tokens, ignore_eos=True), on_event)
+        submitted[box["sid"]] = time.perf_counter()
+    measuring = [True]
+    for i in range(b):                                   # the first round's ends spread over ntg steps
+        submit(1 + i * ntg // b)
+    t_warm = time.perf_counter() + max(2.0, seconds / 4)
+    while time.perf_counter() < t_warm:
+        sched.step()
+    _sync(rt)
+    st0 = dataclasses.replace(sched.stats)
+    tokens[0], ttft[:] = 0, []
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        sched.step()
+    _sync(rt)
+    dt = time.perf_counter() - t0
+    measuring[0] = False
+    st = sched.stats
+    for sid in list(submitted):
+        sched.cancel(sid)
+    for s in list(sched.running) + list(sched.prefilling) + list(sched.waiting):
+        sched.cancel(s.id)
+    while sched.step():
+        pass
+    n_pre, n_dec = st.prefill_steps - st0.prefill_steps, st.decode_steps - st0.decode_steps
+    ms = lambda t, n: 1000 * t / n if n else float("nan")  # noqa: E731
+    return (f"| {b} | {tokens[0] / dt:.1f} | {1000 * float(np.median(ttft)):.1f} | "
+            f"{1000 * float(np.percentile(ttft, 99)):.1f} | {n_pre} / {n_dec} | "
+            f"{ms(st.prefill_step_seconds - st0.prefill_step_seconds, n_pre):.2f} / "
+            f"{ms(st.decode_step_seconds - st0.decode_step_seconds, n_dec):.2f} |")
+
+
+def decode_main(argv):
+    ap = argparse.ArgumentParser(prog="bench.py decode")
+    ap.add_argument("model")
+    ap.add_argument("--npl", default="1,8,16,32")
+    ap.add_argument("--npp", type=int, default=128)
+    ap.add_argument("--ntg", type=int, default=128)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    ap.add_argument("--scheduler", action="store_true", help="through the Scheduler, sampling on the device")
+    ap.add_argument("--churn", action="store_true", help="B requests in flight, replaced as they finish")
+    ap.add_argument("--seconds", type=float, default=8, help="--churn's measured time")
+    ap.add_argument("--temp", type=float, default=0.8, help="--scheduler's and --churn's sampling temperature")
+    args = ap.parse_args(argv)
+    npl = [int(v) for v in args.npl.split(",")]
+    rt = Runtime.load(args.model, device=args.device, n_seq=max(npl), n_ctx=args.npp + args.ntg + 2,
+                      cuda=CudaConfig(graphs=not args.eager))
+    rng = np.random.default_rng(0)
+    if args.churn:
+        print("| B | tokens/s | TTFT p50 ms | TTFT p99 ms | prefill / decode steps | ms per prefill / decode step |\n"
+              "| --- | --- | --- | --- | --- | --- |")
+        for b in npl:
+            print(churn_speed(rt, b, args.npp, args.ntg, args.seconds, rng, args.temp), flush=True)
+        return
+    print(f"| B | {'scheduler' if args.scheduler else 'decode'} t/s |\n| --- | --- |")
+    for b in npl:
+        if args.scheduler:
+            scheduler_speed(rt, b, args.npp, 4, rng, args.temp)                # kernels and this size's graph
+            speed = scheduler_speed(rt, b, args.npp, args.ntg, rng, args.temp)
+        else:
+            speed = decode_speed(rt, b, args.npp, args.ntg, rng)
+        print(f"| {b} | {speed:.1f} |", flush=True)
+
+
+# ---- http ----------------------------------------------------------------------------------------------------------
+
+@dataclass
+class StandInConfig(CoreConfig):
+    step_ms: float = 10.0
+
+
+def stand_in_core(cfg: StandInConfig, in_addr: str, out_addr: str) -> None:
+    """The engine core's protocol without a model: every step, one random token for each running request."""
+    from engine.gguf import GGUFFile
+    from engine.tokenizer import Tokenizer
+
+    n_vocab = Tokenizer(GGUFFile(cfg.model)).n_vocab
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    pull.connect(in_addr)
+    push.connect(out_addr)
+    slots = cfg.n_parallel or 64
+    push.send(encoder.encode(Ready(cfg.n_ctx or 4096, n_vocab, slots, "stand-in", 512)))
+    rng = np.random.default_rng(0)
+    running: dict[int, int] = {}            # rid -> tokens left
+    waiting: deque[AddRequest] = deque()
+    generated = steps = 0
+    while True:
+        if pull.poll(0 if running or waiting else 1000):
+            while True:
+                try:
+                    msg = to_core_decoder.decode(pull.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+                if isinstance(msg, AddRequest):
+                    waiting.append(msg)
+                elif isinstance(msg, Abort):
+                    for rid in msg.rids:
+                        running.pop(rid, None)
+                elif isinstance(msg, Shutdown):
+                    return
+        while waiting and len(running) < slots:
+            req = waiting.popleft()
+            running[req.rid] = req.max_tokens
+        events = []
+        if running:
+            time.sleep(cfg.step_ms / 1000)
+            steps += 1
+            for rid, tok in zip(list(running), rng.integers(300, min(n_vocab, 20000), len(running))):
+                events.append(Event(rid, int(tok)))
+                running[rid] -= 1
+                if running[rid] == 0:
+                    del running[rid]
+                    events.append(Event(rid, -1, finish="length"))
+            generated += len(events)
+        push.send(encoder.encode(Outputs(events, CoreStats(running=len(running), waiting=len(waiting),
+                                                           generated_tokens_total=generated, steps=steps))))
+
+
+def serve(model: str, port: int, slots: int, step_ms: float) -> None:
+    import uvicorn
+
+    from server.app import ServerConfig, create_app
+    cfg = ServerConfig(StandInConfig(model, n_parallel=slots, n_ctx=4096, step_ms=step_ms), core_main=stand_in_core)
+    uvicorn.run(create_app(cfg), host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def http_main(argv) -> None:
+    ap = argparse.ArgumentParser(prog="bench.py http", description=__doc__.split("\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--clients", default="1,8,32,64")
+    ap.add_argument("--seconds", type=float, default=8)
+    ap.add_argument("--step-ms", type=float, default=10.0)
+    ap.add_argument("--slots", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--port", type=int, default=8391)
+    ap.add_argument("--procs", type=int, default=None, help="load-generator processes (load_test.py's default)")
+    args = ap.parse_args(argv)
+    server = multiprocessing.get_context("spawn").Process(target=serve, args=(args.model, args.port, args.slots,
+                                                                                args.step_ms))
+    server.start()
+    url = f"http://127.0.0.1:{args.port}"
+    deadline = time.time() + 120
+    while time.time() < deadline and server.is_alive():
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    else:
+        sys.exit("bench.py http: the server did not come up")
+    print(f"# stand-in core: {args.slots} slots, a step every {args.step_ms} ms; server pid {server.pid}", flush=True)
+    here = os.path.dirname(os.path.abspath(__file__))
+    for c in (int(x) for x in args.clients.split(",")):
+        cmd = [sys.executable, os.path.join(here, "load_test.py"), "--url", url, "--clients", str(c), "--seconds",
+               str(args.seconds), "--max-tokens", str(args.max_tokens)] + \
+            (["--procs", str(args.procs)] if args.procs else [])
+        out = subprocess.run(cmd, capture_output=True, text=True).stdout.strip()
+        ceiling = min(c, args.slots) / args.step_ms * 1000
+        print(f"{out} | core ceiling {ceiling:.0f} tokens/s", flush=True)
+    server.terminate()
+    server.join(5)
+
+
+COMMANDS = {"mul-mat": mul_mat_main, "attention": attention_main, "decode": decode_main, "http": http_main}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
+        print(__doc__.split("\n\n")[1] if len(sys.argv) < 2 else f"unknown benchmark {sys.argv[1]!r}", file=sys.stderr)
+        sys.exit(2)
+    COMMANDS[sys.argv[1]](sys.argv[2:])

@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Here, once: `bash scripts/device.sh wheels` downloads what the GPU machine's python3 lacks into .whl/ (carry .whl in
+# the call that runs setup; carried paths exist only during their call). Carry engine/cuda/prebuilt (the kernels
+# `pip install -e .` built here) in that call too: setup keeps a copy in /tmp/prebuilt that every command links.
+# On the GPU machine, from the project root. Steps, each its own call (the machine keeps /tmp between calls while it
+# stays warm: make dependent calls back to back, it is given back after 30 s idle):
+#   bash scripts/device.sh setup          install the carried wheels (.whl/) into /tmp/site, keep the prebuilt
+#                                         kernels; build llama.cpp in the background when .dev/ carries its sources
+#                                         and LLAMA=1
+#   bash scripts/device.sh stage CHUNK... copy model chunks (../shared/tools/device_stage.sh) to /tmp/stage;
+#                                         a complete set is joined into /tmp/models under the hub's file name
+#   bash scripts/device.sh first-token    `engine generate smollm2-135m ... -n 32 --device cuda` with empty compiler
+#                                         caches: seconds to its first output byte (the first call on a fresh machine)
+#   bash scripts/device.sh gpu-tests      pytest -m gpu tests/ with both real models, then greedy-32 recorded
+#                                         into $OUT and diffed against tests/data/greedy32.cuda.json
+#   bash scripts/device.sh models [TREE]  `engine bench -p 512 -n 128 -r 5` on SmolLM2, Gemma 3 and the synthetic
+#                                         1B and 8B, then bench.py decode at 1-64 sequences on the 8B; TREE: another
+#                                         checkout of the project to measure the same way (before / after)
+#   bash scripts/device.sh kernels [ARGS] bench.py mul-mat ARGS (the kernels at llama.cpp's shapes)
+#   bash scripts/device.sh churn [B,..]   synthetic 8B: the engine core under a server's load, no HTTP
+#                                         (bench.py decode --churn), graphs on, then off
+#   bash scripts/device.sh http           the HTTP front end before a stand-in core (bench.py http)
+#   bash scripts/device.sh serve synth|smol [SECS]  serve_compare.sh on one model (1, 8, 32, 64 clients)
+#   bash scripts/device.sh bench [SECS]   synthetic 8B: engine core batched decode (raw and --scheduler) beside
+#                                         llama-batched-bench; then serve_compare.sh on the 8B and SmolLM2
+set -uo pipefail
+export PYTHONPATH=/tmp/site:$PWD CUPY_CACHE_DIR=/tmp/cupy_cache PYTHONUNBUFFERED=1 ENGINE_MODEL_DIR=/tmp/models
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/models /tmp/stage
+SMOL=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf GEMMA=/tmp/models/gemma-3-270m-q4_k_m.gguf
+SYNTH=/tmp/models/synth-8b.gguf LLAMA=/tmp/llamacpp/build/bin
+[ -e engine/cuda/prebuilt ] || { [ -d /tmp/prebuilt ] && ln -s /tmp/prebuilt engine/cuda/prebuilt; }
+
+synth() {   # preset: the synthetic model built from SmolLM2 (tools/make_synth_gguf.py, ~20 s)
+  [ -f /tmp/models/synth-$1.gguf ] || python3 /tmp/make_synth_gguf.py $SMOL /tmp/models/synth-$1.gguf --preset $1 \
+    > /tmp/synth-$1.log 2>&1
+}
+
+join_if_complete() {   # name, expected chunk count, sha256, target
+  local n; n=$(ls /tmp/stage/"$1".* 2>/dev/null | wc -l)
+  [ "$n" -eq "$2" ] || { echo "$1: $n of $2 chunks"; return; }
+  cat /tmp/stage/"$1".* > "$4" && rm /tmp/stage/"$1".* && echo "$3  $4" | sha256sum -c
+}
+
+case "${1:-}" in
+wheels)
+  mkdir -p .whl
+  for p in gguf pyzmq msgspec fastapi starlette pydantic pydantic-core uvicorn h11 annotated-types annotated-doc \
+           typing-inspection typing-extensions opentelemetry-api importlib-metadata zipp uvloop httptools prometheus-client \
+           llguidance; do
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux2014_x86_64 -d .whl "$p"
+  done
+  ls .whl ;;
+setup)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+  [ -d engine/cuda/prebuilt ] && [ ! -L engine/cuda/prebuilt ] && rm -rf /tmp/prebuilt && cp -r engine/cuda/prebuilt /tmp/prebuilt
+  [ "${LLAMA_BUILD:-0}" = 1 ] && [ -f .dev/llama.cpp-src.tar.xz ] && bash .dev/build_on_device.sh .dev/llama.cpp-src.tar.xz
+  [ -f .dev/make_synth_gguf.py ] && cp .dev/make_synth_gguf.py .dev/serve_compare.sh /tmp/
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader ;;
+stage)
+  shift; cp "$@" /tmp/stage/
+  join_if_complete smol 3 b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 $SMOL
+  join_if_complete gemma 6 a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 $GEMMA ;;
+first-token)
+  cache=$(mktemp -d); ls engine/cuda/prebuilt/*.cubin 2>/dev/null | wc -l | xargs echo "prebuilt cubins:"
+  CUPY_CACHE_DIR=$cache python3 - <<'PY' 2>&1 | tee "$OUT/first-token.log"
+import subprocess, sys, time
+t0 = time.time()
+p = subprocess.Popen([sys.executable, "-m", "engine.cli", "generate", "smollm2-135m", "The capital of France is",
+                      "-n", "32", "--device", "cuda"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+first = p.stdout.read(1)
+t1 = time.time()
+out, err = p.communicate()
+print(f"first token after {t1 - t0:.2f} s of the command; the whole command {time.time() - t0:.2f} s; rc {p.returncode}")
+print((first + out).decode().strip())
+print(err.decode()[-1500:])
+PY
+  ls "$cache" | wc -l | xargs echo "NVRTC cache entries written:" ;;
+gpu-tests)
+  synth 8b &
+  python3 -m pytest -q -p no:cacheprovider -m gpu tests/ 2>&1 | tee "$OUT/gpu_tests.log" \
+    | grep -E "passed|failed|error|cuda vs exact|^E  |^FAILED" | head -40
+  python3 scripts/record_greedy.py --device cuda --out "$OUT/greedy32.cuda.json" > "$OUT/record.log" 2>&1
+  cmp -s "$OUT/greedy32.cuda.json" tests/data/greedy32.cuda.json && echo "greedy32.cuda: same tokens as recorded" \
+    || echo "greedy32.cuda: tokens differ from the recorded ones" ;;
+models)         # [TREE]: engine bench on the four models and batched decode on the 8B, in this tree or TREE
+  tree=${2:-$PWD}; synth 1b; synth 8b
+  echo "== $(cd $tree && git log -1 --format=%h 2>/dev/null || echo "$tree")"
+  for m in smollm2-135m gemma3-270m /tmp/models/synth-1b.gguf $SYNTH; do
+    (cd $tree && PYTHONPATH=/tmp/site:$tree python3 -m engine.cli bench $m -p 512 -n 128 -r 5 --device cuda 2>&1 \
+      | tail -2)
+  done
+  if [ -f $tree/scripts/bench.py ]; then bd="$tree/scripts/bench.py decode"; else bd=$tree/scripts/bench_batched_decode.py; fi
+  (cd $tree && PYTHONPATH=/tmp/site:$tree python3 $bd $SYNTH --npl 1,8,16,32,64 2>&1 | tail -6) ;;
+kernels)
+  shift; python3 scripts/bench.py mul-mat "$@" 2>&1 | tee "$OUT/kernels.log" ;;
+bench)
+  secs=${2:-10}
+  synth 8b
+  cat /tmp/llamacpp/build.rc 2>/dev/null || echo "llama.cpp build not finished"
+  echo "== engine core, synthetic 8B (decode: greedy raw steps; scheduler: temperature 0.8, sampling on the GPU)"
+  python3 scripts/bench.py decode $SYNTH --npl 1,8,16,32,64 2>&1 | tee "$OUT/batched.log"
+  python3 scripts/bench.py decode $SYNTH --npl 1,8,16,32,64 --scheduler 2>&1 | tee -a "$OUT/batched.log"
+  echo "== llama-batched-bench"
+  $LLAMA/llama-batched-bench -m $SYNTH -ngl 99 -fa on -npp 128 -ntg 128 -npl 1,8,16,32,64 -c 20000 2>&1 \
+    | grep -E "^\|" | tee -a "$OUT/batched.log"
+  for m in $SYNTH $SMOL; do
+    echo "== serve_compare $(basename $m)"
+    bash /tmp/serve_compare.sh $m "1 8 32 64" "$secs" 2>&1 | tee -a "$OUT/serve.log"
+    tail -c 200000 /tmp/serve-engine.log > "$OUT/serve-engine-$(basename $m .gguf).log"
+  done ;;
+churn)
+  npl=${2:-1,8,32,64}
+  synth 8b
+  python3 scripts/bench.py decode $SYNTH --churn --npl $npl --npp 12 --ntg 64 --seconds 6 2>&1 \
+    | tee "$OUT/churn.log"
+  echo "graphs off:" | tee -a "$OUT/churn.log"
+  python3 scripts/bench.py decode $SYNTH --churn --eager --npl $npl --npp 12 --ntg 64 \
+    --seconds 6 2>&1 | tee -a "$OUT/churn.log" ;;
+http)
+  python3 scripts/bench.py http $SMOL --clients 1,8,32,64 --step-ms 15 --seconds 8 2>&1 | tee "$OUT/http.log" ;;
+serve)          # synth|smol|MODEL [SECS]: serve_compare.sh on one model at 1, 8, 32 and 64 clients
+  m=${2:-synth}; secs=${3:-8}
+  [ "$m" = synth ] && m=$SYNTH; [ "$m" = smol ] && m=$SMOL
+  [ "$2" = synth ] && synth 8b
+  [ -f $m ] || { echo "$m missing"; exit 1; }
+  cat /tmp/llamacpp/build.rc 2>/dev/null || { echo "llama.cpp build not finished"; exit 1; }
+  echo "== serve_compare $(basename $m)" | tee -a "$OUT/serve.log"
+  bash /tmp/serve_compare.sh $m "1 8 32 64" "$secs" 2>&1 | tee -a "$OUT/serve.log"
+  tail -c 200000 /tmp/serve-engine.log > "$OUT/serve-engine-$(basename $m .gguf).log" ;;
+serve-engine)   # MODEL CLIENTS SECS [extra engine serve flags]: the load test against engine serve alone
+  m=$2; clients=$3; secs=$4; shift 4
+  python3 -m engine.cli serve "$m" --port 8090 --device cuda --parallel 64 --ctx 512 "$@" > /tmp/serve-engine.log 2>&1 &
+  ep=$!
+  for i in $(seq 1 240); do
+    kill -0 $ep 2>/dev/null || { tail -5 /tmp/serve-engine.log; exit 1; }
+    curl -sf http://127.0.0.1:8090/health > /dev/null && break; sleep 1
+  done
+  python3 scripts/load_test.py --url http://127.0.0.1:8090 --clients 1 --seconds 3 --max-tokens 64 > /dev/null 2>&1
+  for c in $clients; do
+    echo "engine    $(basename $m) c=$c $(python3 scripts/load_test.py --url http://127.0.0.1:8090 --clients $c \
+      --seconds $secs --max-tokens 64 2>&1 | tail -1)"
+  done
+  kill $ep; wait $ep 2>/dev/null
+  grep -v " 200 prompt=" /tmp/serve-engine.log | tail -5 ;;
+*)
+  echo "usage: $0 wheels | setup | stage CHUNK... | first-token | gpu-tests | models [TREE] | kernels [ARGS] | churn [B,..] |"
+  echo "       http | serve MODEL [SECS] | bench [SECS] | serve-engine MODEL CLIENTS SECS"
+  exit 2 ;;
+esac
