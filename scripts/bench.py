@@ -119,6 +119,10 @@ def kernel_only(path, w, x, out):
     import cupy as cp
 
     from engine.cuda import launch
+
+    from engine.cuda import mmvq as mmvq_launch
+
+    from engine.cuda import mmq as mmq_launch
     n = x.shape[0]
     if path == "mmvq":                      # the launch's arguments built once per weight copy (no Python per call)
         qs, ds = launch.quantize_q8_1(x)
@@ -126,13 +130,13 @@ def kernel_only(path, w, x, out):
 
         def run(wi):
             if id(wi) not in plans:
-                plans[id(wi)] = launch.mmvq_launches([wi], qs, ds, n, [out])
+                plans[id(wi)] = mmvq_launch.mmvq_launches([wi], qs, ds, n, [out])
             for fn, grid, block, args in plans[id(wi)]:
                 fn(grid, block, args)
         return run
     if path == "mmq":
-        qs, ds = launch.quantize_q8_1(x, (n + launch.MMQ_BN - 1) // launch.MMQ_BN * launch.MMQ_BN)
-        return lambda wi: launch.mmq(wi, qs, ds, n, out)
+        qs, ds = launch.quantize_q8_1(x, (n + mmq_launch.MMQ_BN - 1) // mmq_launch.MMQ_BN * mmq_launch.MMQ_BN)
+        return lambda wi: mmq_launch.mmq(wi, qs, ds, n, out)
     if path == "dequant":
         deq = cp.empty((w.m, w.k), cp.float16)
         x16 = x.astype(cp.float16)
@@ -194,7 +198,9 @@ def copy_bandwidth():
 def mul_mat_main(argv):
     import cupy as cp
 
-    from engine.cuda import launch
+
+    from engine.cuda import mmvq as mmvq_launch
+
     from engine.cuda.dispatch import choose_path, mul_mat
     from engine.cuda.weights import upload
 
@@ -227,7 +233,7 @@ def mul_mat_main(argv):
             x = cp.asarray(rng.standard_normal((n, K)).astype(np.float32))
             paths = [choose_path(w0, n)]
             if args.compare and info.quantized and n > 8:
-                paths = (["mmvq"] if n <= launch.mmvq_max_cols(int(t)) else []) + (["mmq"] if n >= 16 else []) + ["dequant"]
+                paths = (["mmvq"] if n <= mmvq_launch.mmvq_max_cols(int(t)) else []) + (["mmq"] if n >= 16 else []) + ["dequant"]
             out = cp.empty((n, M), cp.float32)
             for path in paths:
                 call_us = time_call(lambda i: mul_mat(ws[i % len(ws)], x, path=path), args.reps)

@@ -1,8 +1,6 @@
 """The kernels built ahead of time (engine/cuda/aot.py, run by `pip install`): every family's cubin for every
 architecture, each with every kernel's symbol; the launch rules read the kernels' own constants. No GPU needed."""
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -61,15 +59,16 @@ def test_no_kernel_source_instantiates_or_reads_the_environment():
 def test_launch_rules_read_the_kernels_constants():
     """launch.py's tile and shared-memory sizes are the kernels' own #defines (no copies), and its mmvq_tc_q4_K
     shared-memory rule adds up the kernel's layout."""
-    from engine.cuda import launch
+    from engine.cuda import mmvq as mmvq_launch
+    from engine.cuda import mmq as mmq_launch
     c, v = build.constants("mmq"), build.constants("mmvq")
-    assert (launch.MMQ_BM, launch.MMQ_BN, launch.MMQ_KT) == (c["MMQ_BM"], c["MMQ_BN"], c["MMQ_KT"])
-    assert launch.MMQ_SMEM_BYTES == c["MMQ_SMEM_BYTES"] and launch.MMQK_SMEM_BYTES == c["MMQK_SMEM_BYTES"]
+    assert (mmq_launch.MMQ_BM, mmq_launch.MMQ_BN, mmq_launch.MMQ_KT) == (c["MMQ_BM"], c["MMQ_BN"], c["MMQ_KT"])
+    assert mmq_launch.MMQ_SMEM_BYTES == c["MMQ_SMEM_BYTES"] and mmq_launch.MMQK_SMEM_BYTES == c["MMQK_SMEM_BYTES"]
     acts_and_sums = 8 * 8 * (32 + 8) + v["MMVQT_WARPS"] * 16 * 4     # k = 256, one column: 8 chunks x 8 B columns
-    assert launch.mmvqt_smem_bytes(256, 1, 1) == acts_and_sums + v["MMVQT_WARPS"] * 16 * v["MMVQT_WIN_LD"]
+    assert mmvq_launch.mmvqt_smem_bytes(256, 1, 1) == acts_and_sums + v["MMVQT_WARPS"] * 16 * v["MMVQT_WIN_LD"]
     wide = 2 * v["MMVQT_WARPS"]                                     # 8 columns: twice the warps
-    assert launch.mmvqt_warps(8) == wide and launch.mmvqt_warps(v["MMVQT_WIDE_FROM"] - 1) == v["MMVQT_WARPS"]
-    assert [launch.mmvq_rows(n) for n in (1, 2, 8)] == [v["MMVQ_ROWS_1"], v["MMVQ_ROWS_N"], v["MMVQ_ROWS_N"]]
+    assert mmvq_launch.mmvqt_warps(8) == wide and mmvq_launch.mmvqt_warps(v["MMVQT_WIDE_FROM"] - 1) == v["MMVQT_WARPS"]
+    assert [mmvq_launch.mmvq_rows(n) for n in (1, 2, 8)] == [v["MMVQ_ROWS_1"], v["MMVQ_ROWS_N"], v["MMVQ_ROWS_N"]]
 
 
 def test_source_key_follows_the_source(monkeypatch):

@@ -80,7 +80,7 @@ def test_dequantize(t):
 def test_mul_mat_quantized(t):
     import cupy as cp
     from engine.cuda.dispatch import choose_path, mul_mat
-    from engine.cuda.launch import mmvq_max_cols
+    from engine.cuda.mmvq import mmvq_max_cols
     rng = np.random.default_rng()
     for m, k in shapes(t):
         w, wref = random_weight(t, m, k, rng)
@@ -114,8 +114,9 @@ def test_mmq_split_k(t, q4k):
 def mmq_split_k_cases(t, q4k):
     import cupy as cp
     from engine.cuda import launch
+    from engine.cuda import mmq as mmq_launch
     from engine.cuda.config import forced
-    assert launch.mmq_kernel(int(t))[0] == ("mmq_q4_K" if q4k and t == GGMLType.Q4_K else f"mmq<{int(t)}>")
+    assert mmq_launch.mmq_kernel(int(t))[0] == ("mmq_q4_K" if q4k and t == GGMLType.Q4_K else f"mmq<{int(t)}>")
     rng = np.random.default_rng()
     m, k = 200, 4096
     w, rw = random_weight(t, m, k, rng)
@@ -126,10 +127,10 @@ def mmq_split_k_cases(t, q4k):
         ys = {}
         for splits in (1, 3, 16):
             with forced(mmq_splits=splits):
-                assert launch.mmq_splits(m, qs.shape[0], k, 132)[0] == splits
-                y = launch.mmq(w, qs, ds, n, cp.full((n, m), cp.nan, cp.float32)).get()
+                assert mmq_launch.mmq_splits(m, qs.shape[0], k, 132)[0] == splits
+                y = mmq_launch.mmq(w, qs, ds, n, cp.full((n, m), cp.nan, cp.float32)).get()
                 assert np.isfinite(y).all() and nmse(y, xq @ rw.T) <= 1e-8, (t.name, n, splits)
-                assert np.array_equal(y, launch.mmq(w, qs, ds, n).get()), (t.name, n, splits, "run to run")
+                assert np.array_equal(y, mmq_launch.mmq(w, qs, ds, n).get()), (t.name, n, splits, "run to run")
             ys[splits] = y
         assert nmse(ys[3], ys[1]) <= 1e-12 and nmse(ys[16], ys[1]) <= 1e-12, (t.name, n)
 
@@ -166,8 +167,9 @@ def test_q4_K_mmvq_kernels_every_ncols(kernel):
 
 def q4_K_mmvq_cases(kernel):
     import cupy as cp
-    from engine.cuda import dispatch, launch
-    ncols = range(1, launch.PAIRS_MAX_COLS + 1) if kernel == "pairs" else range(1, 17)
+    from engine.cuda import dispatch
+    from engine.cuda import mmvq as mmvq_launch
+    ncols = range(1, mmvq_launch.PAIRS_MAX_COLS + 1) if kernel == "pairs" else range(1, 17)
     if kernel == "tc":
         ncols = [*ncols, 17, 23, 24, 31, 32, 40, 47, 56, 63, 64]
     rng = np.random.default_rng()
@@ -193,7 +195,8 @@ def test_q4_K_mmvq_tc_every_split():
     sums; at 8 columns the blocks of twice the warps; at 20 and 64 the kernels past 16 columns): against numpy, the
     same bits run to run, and its counters left at zero; plain, q/k/v and GLU."""
     import cupy as cp
-    from engine.cuda import dispatch, launch
+    from engine.cuda import dispatch
+    from engine.cuda import mmvq as mmvq_launch
     from engine.cuda.config import forced
     rng = np.random.default_rng()
     m, k = 300, 1792                                               # 3 row blocks of 128, 7 super-blocks per row
@@ -212,7 +215,7 @@ def test_q4_K_mmvq_tc_every_split():
                 y = dispatch.glu(w, wu, cp.asarray(x), "gelu").get()
                 ref = 0.5 * gate * (1 + np.tanh(0.7978845608028654 * (gate + 0.044715 * gate ** 3))) * up
                 assert nmse(y, ref) <= 1e-8, (n, splits, "glu")
-                assert not launch._tc_scratch[-1][1].any(), (n, splits, "counters")
+                assert not mmvq_launch._tc_scratch[-1][1].any(), (n, splits, "counters")
 
 
 @pytest.mark.parametrize("t", QTYPES, ids=lambda t: t.name)

@@ -64,7 +64,7 @@ def test_activation_forms_follow_the_last_array():
 def test_mmvq_kernel_choice():
     """Q4_K takes mmvq_q4_K_pairs at one column, mmvq at 2-4 and mmvq_pieces at 5-8, mmvq_tc_q4_K at 9-64 and from 3
     columns for large matrices (2 for long rows); CudaConfig.mmvq_q4_K forces one of them."""
-    from engine.cuda.launch import mmvq_choice
+    from engine.cuda.mmvq import mmvq_choice
     q4k, q6k = int(GGMLType.Q4_K), int(GGMLType.Q6_K)
     assert [mmvq_choice(q4k, n, 0)[0].split("<")[0] for n in range(1, 9)] == (
         ["mmvq_q4_K_pairs"] + ["mmvq"] * 3 + ["mmvq_pieces"] * 4)
@@ -100,29 +100,30 @@ def test_mmvqt_splits(monkeypatch):
     """mmvq_tc_q4_K's k ranges: about two blocks per SM (one where its blocks are twice as wide), at most
     MMVQT_MAX_RANGE super-blocks each, none empty."""
     from engine.cuda import launch
+    from engine.cuda import mmvq as mmvq_launch
     monkeypatch.setattr(launch, "_sm_count", lambda: 132)
-    assert launch.mmvqt_splits(32, 14336, 1) == 8         # 4096 x 14336: 32 row blocks x 8 ranges of 7
-    assert launch.mmvqt_splits(224, 4096, 1) == 1         # gate/up GLU of 14336 rows: one range of 16
-    assert launch.mmvqt_splits(2, 1792, 1) == 7           # capped by the 7 super-blocks
-    assert launch.mmvqt_splits(1000, 8192, 1) == 2        # at most 16 super-blocks per range
-    assert launch.mmvqt_splits(32, 14336 - 256, 1) == 8 and launch.mmvqt_splits(44, 2560, 1) == 5   # ranges of 7, 2
-    assert launch.mmvqt_rows(0, 8) == 256 and launch.mmvqt_rows(1, 6) == 128 and launch.mmvqt_rows(0, 5) == 128
-    assert launch.mmvqt_splits(16, 14336, 8) == 8         # 8 columns: 16 row blocks of 256, one block per SM
-    assert [launch.mmvqt_sums_cols(n) for n in (1, 2, 3, 5, 7, 8, 13)] == [1, 2, 4, 8, 8, 8, 16]   # past 2: to 4
+    assert mmvq_launch.mmvqt_splits(32, 14336, 1) == 8         # 4096 x 14336: 32 row blocks x 8 ranges of 7
+    assert mmvq_launch.mmvqt_splits(224, 4096, 1) == 1         # gate/up GLU of 14336 rows: one range of 16
+    assert mmvq_launch.mmvqt_splits(2, 1792, 1) == 7           # capped by the 7 super-blocks
+    assert mmvq_launch.mmvqt_splits(1000, 8192, 1) == 2        # at most 16 super-blocks per range
+    assert mmvq_launch.mmvqt_splits(32, 14336 - 256, 1) == 8 and mmvq_launch.mmvqt_splits(44, 2560, 1) == 5   # ranges of 7, 2
+    assert mmvq_launch.mmvqt_rows(0, 8) == 256 and mmvq_launch.mmvqt_rows(1, 6) == 128 and mmvq_launch.mmvqt_rows(0, 5) == 128
+    assert mmvq_launch.mmvqt_splits(16, 14336, 8) == 8         # 8 columns: 16 row blocks of 256, one block per SM
+    assert [mmvq_launch.mmvqt_sums_cols(n) for n in (1, 2, 3, 5, 7, 8, 13)] == [1, 2, 4, 8, 8, 8, 16]   # past 2: to 4
     for rb in (1, 7, 32, 100, 300):
         for k in (256, 1792, 4096, 14336, 28672):
-            s = launch.mmvqt_splits(rb, k, 1)
+            s = mmvq_launch.mmvqt_splits(rb, k, 1)
             per = -(-k // 256 // s)
-            assert 1 <= s <= k // 256 and per <= launch.MMVQT_MAX_RANGE and (s - 1) * per < k // 256, (rb, k)
+            assert 1 <= s <= k // 256 and per <= mmvq_launch.MMVQT_MAX_RANGE and (s - 1) * per < k // 256, (rb, k)
     with forced(mmvq_tc_splits=5):
-        assert launch.mmvqt_splits(32, 14336, 1) == 5
+        assert mmvq_launch.mmvqt_splits(32, 14336, 1) == 5
     with forced(mmvq_tc_splits=1):
-        assert launch.mmvqt_splits(32, 14336, 1) == 4         # 56 super-blocks: at least 4 ranges of <= 16
+        assert mmvq_launch.mmvqt_splits(32, 14336, 1) == 4         # 56 super-blocks: at least 4 ranges of <= 16
 
 
 def test_mmq_split_rule():
     """MMQ splits k only where its tiles are fewer than the SMs, into equal non-empty runs of stages (256 values)."""
-    from engine.cuda.launch import mmq_splits
+    from engine.cuda.mmq import mmq_splits
     assert mmq_splits(4096, 512, 14336, 132) == (1, 56)          # 256 tiles: no split
     assert mmq_splits(4096, 64, 14336, 132) == (4, 14)           # 32 tiles x 4 splits = 128 blocks
     assert mmq_splits(200, 64, 4096, 132) == (8, 2)              # at most MMQ_MAX_SPLITS
@@ -136,7 +137,7 @@ def test_mmq_split_rule():
 def test_mmq_kernel_choice():
     """Q4_K takes mmq_q4_K (raw blocks in shared memory, sized for 2 blocks per SM) unless CudaConfig.mmq_q4_K is
     False."""
-    from engine.cuda.launch import MMQ_SMEM_BYTES, MMQK_SMEM_BYTES, mmq_kernel
+    from engine.cuda.mmq import MMQ_SMEM_BYTES, MMQK_SMEM_BYTES, mmq_kernel
     assert mmq_kernel(int(GGMLType.Q4_K)) == ("mmq_q4_K", MMQK_SMEM_BYTES, 2)
     assert 2 * (MMQK_SMEM_BYTES + 1024) <= 228 * 1024                     # sm_90: 228 KB of shared memory per SM
     assert mmq_kernel(int(GGMLType.Q6_K)) == ("mmq<14>", MMQ_SMEM_BYTES, 1)
@@ -146,7 +147,7 @@ def test_mmq_kernel_choice():
 
 def test_mmvq_group_rules():
     """The row-group splits measured fastest on the H200 (BENCHMARKS.md)."""
-    from engine.cuda.launch import _mmvq_groups, _mmvqp_groups
+    from engine.cuda.mmvq import _mmvq_groups, _mmvqp_groups
     q4k, q6k, q4_1 = int(GGMLType.Q4_K), int(GGMLType.Q6_K), int(GGMLType.Q4_1)
     # q4_K, the synthetic 8B's and 1B's matrices: (m, k) -> groups
     for (m, k), g in {(4096, 4096): 4, (14336, 4096): 4, (4096, 14336): 4, (1024, 4096): 1, (2048, 2048): 2,
@@ -162,7 +163,7 @@ def test_mmvq_group_rules():
 
 def test_mmvq_args_layout():
     """The MMVQ kernels' argument tuple (kernels/mmvq.cu MMVQ_PARAMS): absent matrices are null with 0 rows."""
-    from engine.cuda.launch import mmvq_args
+    from engine.cuda.mmvq import mmvq_args
     q, v = GPUWeight(GGMLType.Q4_K, 4096, 2048, "wq", 1152), GPUWeight(GGMLType.Q4_K, 1024, 2048, "wv", 1152)
     args = mmvq_args([q, v], "qs", "ds", ["yq", "yv"], 4)
     assert args[:8] == ("wq", "wv", 0, "qs", "ds", "yq", "yv", 0)
@@ -171,7 +172,7 @@ def test_mmvq_args_layout():
 
 def test_mmvq_column_groups():
     """9..64 columns: one tensor-core launch for Q4_K, launches of <= 8 columns for the other types."""
-    from engine.cuda.launch import column_groups
+    from engine.cuda.mmvq import column_groups
     q4k, q6k = int(GGMLType.Q4_K), int(GGMLType.Q6_K)
     assert column_groups(q4k, 8) == [(0, 8)] and column_groups(q6k, 8) == [(0, 8)]
     assert column_groups(q4k, 12) == [(0, 12)] and column_groups(q6k, 12) == [(0, 8), (8, 4)]
@@ -187,6 +188,7 @@ def test_mmvqt_scratch_from_default_pool(monkeypatch):
     """mmvq_tc_q4_K's scratch comes from CuPy's default pool (not a graph's private one), grows when a launch needs
     more, and keeps the older buffers (captured graphs hold their addresses)."""
     from engine.cuda import launch
+    from engine.cuda import mmvq as mmvq_launch
 
     class Pool:
         def __init__(self):
@@ -207,10 +209,10 @@ def test_mmvqt_scratch_from_default_pool(monkeypatch):
     fake = type("cp", (), {"get_default_memory_pool": staticmethod(lambda: pool), "ndarray": Array,
                            "float32": "f4", "int32": "i4"})
     monkeypatch.setattr(launch, "_cp", lambda: fake)
-    monkeypatch.setattr(launch, "_tc_scratch", [])
-    part, counters = launch._mmvqt_scratch(1000, 10)
+    monkeypatch.setattr(mmvq_launch, "_tc_scratch", [])
+    part, counters = mmvq_launch._mmvqt_scratch(1000, 10)
     assert part.size == 1 << 20 and counters.size == 1 << 14 and counters.filled == 0
-    assert launch._mmvqt_scratch(5000, 20) == (part, counters)            # fits: the same buffers
-    part2, _ = launch._mmvqt_scratch(3 << 20, 20)
-    assert part2.size == 3 << 20 and len(launch._tc_scratch) == 2 and launch._tc_scratch[0][0] is part
+    assert mmvq_launch._mmvqt_scratch(5000, 20) == (part, counters)            # fits: the same buffers
+    part2, _ = mmvq_launch._mmvqt_scratch(3 << 20, 20)
+    assert part2.size == 3 << 20 and len(mmvq_launch._tc_scratch) == 2 and mmvq_launch._tc_scratch[0][0] is part
     assert pool.sizes == [4 << 14, 4 << 20, 4 << 14, 12 << 20]

@@ -6,13 +6,16 @@
     quantized, n <= mmq_max(T)     -> MMQ (int8 tensor cores; split-k where its tiles are fewer than the SMs)
     otherwise                      -> dequantize to f16 + cuBLAS
 
-The chain is `choose_path`: one `should_use_*` predicate per family, in order. Force a path with
+The chain is `choose_path`: one `should_use_*` predicate per family, in order, each defined beside the family's launch
+rules (launch.py, mmvq.py, mmq.py) and fed the per-architecture table below. Force a path with
 `mul_mat(..., path=...)` or CudaConfig.mul_mat_path (`--mul-mat-path`, config.forced).
 """
 from __future__ import annotations
 
 from ..quants import GGMLType
 from . import launch
+from . import mmvq as mmvq_launch
+from . import mmq as mmq_launch
 from .build import QTYPES
 from .config import MUL_MAT_PATHS, current
 from .weights import GPUWeight
@@ -44,32 +47,17 @@ def _arch() -> tuple[int, int]:
     return int(cc[:-1]), int(cc[-1])
 
 
-def should_use_mmvf(w: GPUWeight, n: int) -> bool:
-    """Float weights at up to 8 columns (above: cuBLAS)."""
-    return not w.quantized and n <= 8
-
-
-def should_use_mmvq(w: GPUWeight, n: int, table: dict) -> bool:
-    """A quantized type the kernels know, at up to the table's column count for it (and what the kernels take)."""
-    return n <= min(table["mmvq_max"].get(int(w.type), table["mmvq_default"]), launch.mmvq_max_cols(int(w.type)))
-
-
-def should_use_mmq(w: GPUWeight, n: int, table: dict) -> bool:
-    """Where the table measured MMQ faster than dequantize + cuBLAS for the type."""
-    return n <= table["mmq_max"].get(int(w.type), table["mmq_default"])
-
-
 def choose_path(w: GPUWeight, n: int, arch: tuple[int, int] | None = None) -> str:
-    if should_use_mmvf(w, n):
+    if launch.should_use_mmvf(w, n):
         return "mmvf"
     if not w.quantized:
         return "cublas"
     if int(w.type) not in SUPPORTED_QTYPES:
         return "dequant"
     table = THRESHOLDS.get(arch or _arch(), OTHER_ARCH)
-    if should_use_mmvq(w, n, table):
+    if mmvq_launch.should_use_mmvq(w, n, table):
         return "mmvq"
-    return "mmq" if should_use_mmq(w, n, table) else "dequant"
+    return "mmq" if mmq_launch.should_use_mmq(w, n, table) else "dequant"
 
 
 class Activations:
@@ -108,8 +96,8 @@ class Activations:
 def resolve_path(w: GPUWeight, n: int, path: str | None = None) -> str:
     """The path a mul_mat of n columns takes: forced (argument, CudaConfig.mul_mat_path) or chosen."""
     path = path or current().mul_mat_path or choose_path(w, n)
-    if path == "mmvq" and n > launch.mmvq_max_cols(int(w.type)):
-        raise ValueError(f"MMVQ takes at most {launch.mmvq_max_cols(int(w.type))} columns of this type")
+    if path == "mmvq" and n > mmvq_launch.mmvq_max_cols(int(w.type)):
+        raise ValueError(f"MMVQ takes at most {mmvq_launch.mmvq_max_cols(int(w.type))} columns of this type")
     if path in ("mmvq", "mmq") and not w.quantized:
         path = "mmvf" if n <= 8 else "cublas"
     if path not in PATHS:
@@ -131,10 +119,10 @@ def mul_mat(w: GPUWeight, x, path: str | None = None, out=None, acts: Activation
         return launch.gemm_xwt(x, w.data, out)
     if path == "mmvq":
         qs, ds = acts.q8_1(x)
-        return launch.mmvq(w, qs, ds, n, out)
+        return mmvq_launch.mmvq(w, qs, ds, n, out)
     if path == "mmq":
-        qs, ds = acts.q8_1(x, launch.mmq_n_pad(n))
-        return launch.mmq(w, qs, ds, n, out)
+        qs, ds = acts.q8_1(x, mmq_launch.mmq_n_pad(n))
+        return mmq_launch.mmq(w, qs, ds, n, out)
     return launch.gemm_xwt(acts.f16(x), launch.dequantize(w, "f16"), out)      # dequant
 
 
@@ -150,7 +138,7 @@ def mul_mats(ws: list[GPUWeight], x, acts: Activations | None = None) -> list:
         j = i + 1
         while j < len(ws) and j - i < 3 and (ws[j].type, ws[j].k) == (ws[i].type, ws[i].k):
             j += 1
-        outs += launch.mmvq_multi(ws[i:j], qs, ds, n)
+        outs += mmvq_launch.mmvq_multi(ws[i:j], qs, ds, n)
         i = j
     return outs
 
@@ -162,4 +150,4 @@ def glu(gate: GPUWeight, up: GPUWeight, x, act: str, acts: Activations | None = 
             (gate.type, gate.m, gate.k) != (up.type, up.m, up.k):
         return None
     qs, ds = (acts or Activations()).q8_1(x)
-    return launch.mmvq_glu(gate, up, qs, ds, n, act)
+    return mmvq_launch.mmvq_glu(gate, up, qs, ds, n, act)

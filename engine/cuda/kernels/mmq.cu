@@ -10,7 +10,7 @@
 // Split-k: where the tiles are fewer than the SMs, block z of gridDim.z computes stages z * split_stages .. of k
 // into its own partial y (y + z * n * m), and mmq_split_sum adds the partials in the order z = 0, 1, ... (the same
 // sums in the same order every run).
-// Launch rule (launch.mmq, launch.mmq_splits): block 256 threads, grid (ceil(m / MMQ_BM), n_pad / MMQ_BN, splits),
+// Launch rule (mmq.mmq, mmq.mmq_splits): block 256 threads, grid (ceil(m / MMQ_BM), n_pad / MMQ_BN, splits),
 // dynamic shared memory MMQ_SMEM_BYTES; with splits > 1 then mmq_split_sum over n * m outputs, block 256.
 #include "common.cuh"
 
@@ -224,7 +224,7 @@ mmq(const u8* __restrict__ w, const signed char* __restrict__ qs, const float2* 
 // its 128 rows x 8 chunk scales from the headers into shared memory (k4_chunk_scale; 4 per thread), and each lane
 // rescales per chunk: acc += d_w d_x dot - m_w (d_x sum x), as two fmas. (The kernel is instruction-bound: ncu,
 // BENCHMARKS.md; decoding per lane and chunk cost 1.16x the time.)
-// Launch rule (launch.mmq for Q4_K unless ENGINE_MMQ_Q4K=0): block 256 threads, grid (ceil(m / MMQ_BM),
+// Launch rule (mmq.mmq for Q4_K unless CudaConfig.mmq_q4_K is False): block 256 threads, grid (ceil(m / MMQ_BM),
 // n_pad / MMQ_BN, splits), dynamic shared memory MMQK_SMEM_BYTES, 2 blocks per SM.
 #define MMQK_A_LD 160                    // smem bytes per row of a stage's weights: 144 used; 40 words apart
 #define MMQK_B_LD 288                    // smem bytes per column of a stage's activations: 256 used; 72 words apart

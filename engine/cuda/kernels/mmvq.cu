@@ -4,8 +4,8 @@
 //   w  : [m, k] in T's blocks (row stride row_bytes)
 //   qs : [ncols, k] int8 and ds : [ncols, k/16] float2, from quantize_q8_1
 //   y  : [ncols, m] f32
-// Kernel choice: dispatch.py (should_use_mmvq) and launch.mmvq_choice. Launch rule of mmvq (launch.mmvq_launches):
-// block of MMVQ_THREADS threads in groups of MMVQ_THREADS/groups threads (groups = 1, 2 or 4: launch._mmvq_groups,
+// Kernel choice: engine/cuda/mmvq.py (should_use_mmvq, mmvq_choice). Launch rule of mmvq (mmvq.mmvq_launches):
+// block of MMVQ_THREADS threads in groups of MMVQ_THREADS/groups threads (groups = 1, 2 or 4: mmvq._mmvq_groups,
 // by k and for the 4-bit types by the launch's rows); each group serves mmvq_rows(NCOLS) consecutive rows (1 for one
 // column, where more blocks in flight matter most; 2 above, where reusing the activations matters), each thread
 // takes every (MMVQ_THREADS/groups)-th chunk of those rows, loads the chunk's activations of all NCOLS columns once
@@ -32,7 +32,7 @@
 #define MMVQ_PREFETCH_N 1
 __host__ __device__ constexpr int mmvq_rows(int ncols) { return ncols == 1 ? MMVQ_ROWS_1 : MMVQ_ROWS_N; }
 
-// The parameters every MMVQ kernel takes (launch.mmvq_args builds them).
+// The parameters every MMVQ kernel takes (mmvq.mmvq_args builds them).
 #define MMVQ_PARAMS const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2, \
     const signed char* __restrict__ qs, const float2* __restrict__ ds, float* __restrict__ y0, float* __restrict__ y1, \
     float* __restrict__ y2, int m0, int m1, int m2, int k, long long row_bytes, int groups
@@ -188,7 +188,7 @@ mmvq(MMVQ_PARAMS) {
     reduce_store<MMVQ_ROWS, OUT_ROWS, NCOLS, GLU>(acc, partial, groups, b, m, y);
 }
 
-// ---- MMVQ over 16-value pieces, for the types with a piece<T> below (Q4_K) at 5..8 columns (launch.py
+// ---- MMVQ over 16-value pieces, for the types with a piece<T> below (Q4_K) at 5..8 columns (mmvq.py
 // PIECES_MIN_COLS): same arguments, matrices, GLU and output as mmvq. A piece is 16 consecutive values of a row:
 // lane i of a group takes pieces i, i + tpg, ... of the group's mmvqp_rows(NCOLS, GLU) rows, so one warp's
 // activation loads are 512 contiguous bytes (four cache lines, where mmvq's 32-byte-per-lane chunks touch eight per
@@ -197,7 +197,7 @@ mmvq(MMVQ_PARAMS) {
 // at the benchmark models' shapes (less L1 traffic per weight byte); at one column 35 % slower (Nsight Compute: 65 %
 // of issue slots busy against mmvq's 48 %: twice the decode work per value), and batching a lane's loads,
 // overlapping them with the previous dots or prefetching into L1 did not change that (BENCHMARKS.md). Launch rule
-// (launch.mmvq_launches): block 128 threads in groups of 128/groups threads (launch._mmvqp_groups); grid
+// (mmvq.mmvq_launches): block 128 threads in groups of 128/groups threads (mmvq._mmvqp_groups); grid
 // ceil(m / (groups * mmvqp_rows(NCOLS, GLU))) summed over the matrices (GLU: over m0, each group dotting the gate
 // and up rows of its outputs: half the rows, >= 1).
 #define MMVQP_ROWS_1 1
@@ -287,7 +287,7 @@ mmvq_pieces(MMVQ_PARAMS) {
 // On the H200, one column, CUDA-graph timing: 4096 x 14336 10.8 us (3.07
 // TB/s; mmvq 13.6), 14336 x 4096 11.3 (13.7), 4096 x 4096 4.8 (5.9); 4 rows per group no better; at two columns
 // faster at two of those shapes and slower at the third, so not dispatched there (BENCHMARKS.md).
-// Launch rule (launch.mmvq_launches, Q4_K at <= launch.PAIRS_MAX_COLS columns): as
+// Launch rule (mmvq.mmvq_launches, Q4_K at <= mmvq.PAIRS_MAX_COLS columns): as
 // mmvq's (block 128 threads in groups of 128/groups threads, groups = 4; each group mmvq2_rows(NCOLS) rows; grid
 // ceil(m / (groups * rows)) summed over the matrices; GLU: one output row per group, its gate and up rows).
 #define MMVQ2_ROWS_1 2
@@ -407,8 +407,8 @@ mmvq_q4_K_pairs(MMVQ_PARAMS) {
 // last of a row block's ranges to finish (counter) adds the ranges' sums in order z = 0, 1, ... and writes y (the
 // same sums in the same order every run), then resets the counter for the next launch. (Distributed shared memory in
 // a cluster of the ranges was measured slower: clusters of 4 or 8 do not all fit in one wave, BENCHMARKS.md.)
-// Launch rule (launch.mmvq_launches, launch.mmvqt_splits): block 32 * mmvqt_warps(NCOLS) threads, grid (row blocks
-// summed over the matrices (GLU: over m0), splits), dynamic shared memory launch.mmvqt_smem_bytes; part holds
+// Launch rule (mmvq.mmvq_launches, mmvq.mmvqt_splits): block 32 * mmvqt_warps(NCOLS) threads, grid (row blocks
+// summed over the matrices (GLU: over m0), splits), dynamic shared memory mmvq.mmvqt_smem_bytes; part holds
 // gridDim.x * splits * 16 * mmvqt_warps(NCOLS) * mmvqt_sums_cols(NCOLS) floats, counters gridDim.x ints, zero before
 // the first launch.
 #define MMVQT_WARPS 8
@@ -416,14 +416,14 @@ mmvq_q4_K_pairs(MMVQ_PARAMS) {
 #define MMVQT_WIDE_FROM 6                      // from this many columns to 8: 2 x MMVQT_WARPS warps, one block per SM
                                                // (half the activation traffic: 0.3-0.7 us faster at n = 6..8,
                                                // slower at n = 1..5; BENCHMARKS.md)
-// warps (16-row tiles) per block, and blocks per SM the registers must allow, at NCOLS columns (launch.mmvqt_warps)
+// warps (16-row tiles) per block, and blocks per SM the registers must allow, at NCOLS columns (mmvq.mmvqt_warps)
 __host__ __device__ constexpr bool mmvqt_wide(int ncols) { return ncols >= MMVQT_WIDE_FROM && ncols <= 8; }
 __host__ __device__ constexpr int mmvqt_warps(int ncols) { return mmvqt_wide(ncols) ? 2 * MMVQT_WARPS : MMVQT_WARPS; }
 __host__ __device__ constexpr int mmvqt_min_blocks(int ncols) {   // past 16 columns shared memory allows one
     return mmvqt_wide(ncols) || ncols > 16 ? 1 : MMVQT_MIN_BLOCKS;
 }
 #define MMVQT_STAGES 2                         // super-blocks of a warp's tile in flight (their lines) + 1
-#define MMVQT_MAX_RANGE 16                     // super-blocks of a k range at most (launch.MMVQT_MAX_RANGE)
+#define MMVQT_MAX_RANGE 16                     // super-blocks of a k range at most (mmvq.MMVQT_MAX_RANGE)
 // A row's sums in shared memory and part: padded to 4 columns above 2, so that the last block adds them 4 (or 2)
 // columns per load (16- / 8-byte loads; the adding's time grows with its loads per thread: 0.19-0.40 us faster at
 // n = 4 and 8 than one column per load, BENCHMARKS.md)
@@ -550,8 +550,8 @@ mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters, 
     constexpr int WARPS = mmvqt_warps(NCOLS);
     const int ncols = NCOLS <= 16 ? NCOLS : ncols_arg;           // the columns present (<= NCOLS)
     constexpr int NB = (NCOLS + 7) / 8, C8 = 8 * NB;              // C8: the B tiles' columns
-    constexpr int LD = mmvqt_sums_cols(NCOLS);                    // a row's sums (launch.mmvqt_sums_cols)
-    constexpr int ROWS = 16 * WARPS / (GLU ? 2 : 1);              // output rows per block (launch.mmvqt_rows)
+    constexpr int LD = mmvqt_sums_cols(NCOLS);                    // a row's sums (mmvq.mmvqt_sums_cols)
+    constexpr int ROWS = 16 * WARPS / (GLU ? 2 : 1);              // output rows per block (mmvq.mmvqt_rows)
     const int splits = groups, z = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int nsb = k >> 8, per = (nsb + splits - 1) / splits;    // per: the most super-blocks of a range
