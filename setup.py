@@ -20,6 +20,9 @@ class build_py_with_kernels(build_py):
             return
         # an editable install loads the package from the source tree: build there
         out = build.PREBUILT_DIR if self.editable_mode else Path(self.build_lib) / "engine" / "cuda" / "prebuilt"
+        if aot.is_current(out):
+            print(f"engine: the CUDA kernels in {out} are built from these sources", file=sys.stderr)
+            return
         aot.build_all(out, log=lambda msg: print(msg, file=sys.stderr))
 
 

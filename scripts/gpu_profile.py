@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Where the GPU time goes, one entry point:
 
-    python scripts/profile.py step MODEL [--prompt 512] [--steps 64]
-    python scripts/profile.py ncu-decode MODEL [B]
+    python scripts/gpu_profile.py step MODEL [--prompt 512] [--steps 64]
+    python scripts/gpu_profile.py ncu-decode MODEL [B]
 
 step: where a forward pass spends its time on the GPU, per backend operation, and decode as graph vs whole step.
 prefill: one ubatch of --prompt tokens run eagerly with CUDA events around every backend operation (mul_mat split by
@@ -185,7 +185,7 @@ def ncu_decode(model: str, b: int) -> None:
 
 
 def main():
-    ap = argparse.ArgumentParser(prog="profile.py")
+    ap = argparse.ArgumentParser(prog="gpu_profile.py")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("step", help="per operation, prefill and decode")
     p.add_argument("model")

@@ -75,6 +75,16 @@ def compile_family(nvcc: str, family: str, arch: str, out: Path, work: Path) -> 
     return cubin
 
 
+def is_current(out: Path, archs=build.PREBUILT_ARCHS) -> bool:
+    """Whether out holds every family's cubins for archs, built from the current sources and options."""
+    path = out / "manifest.json"
+    if not path.exists():
+        return False
+    manifest = json.loads(path.read_text())
+    return all(f in manifest and manifest[f]["key"] == build.source_key(f) and manifest[f]["archs"] == list(archs)
+               and all((out / f"{f}.{a}.cubin").exists() for a in archs) for f in build.FAMILIES)
+
+
 def build_all(out: Path = build.PREBUILT_DIR, archs=build.PREBUILT_ARCHS, jobs: int | None = None,
               log=print) -> dict:
     """Compile every family for every arch into out, write out/manifest.json; returns the manifest."""
