@@ -16,7 +16,7 @@ from .backends import get_backend
 from .backends.base import Batch
 from .gguf import GGUFFile
 from .hub import resolve_model
-from .model import load_model
+from .model import load_model, model_class
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
 
@@ -59,6 +59,7 @@ class Runtime:
                  n_ubatch: int = DEFAULT_UBATCH, exact: bool = False, n_seq: int = 1, kv_f32: bool = False,
                  cuda=None):
         self.gguf = gguf
+        model_class(gguf)                          # an unsupported architecture is the first thing to say
         self.tokenizer = Tokenizer(gguf)
         self.backend = get_backend(device, exact, kv_f32, cuda)
         self.model = load_model(gguf, self.backend)

@@ -4,6 +4,7 @@ import numpy as np
 
 from engine.backends.base import Batch
 from engine.backends.cpu import CPUBackend
+from engine.model.rope import inv_freq
 
 
 def test_batch_ranges_and_runs():
@@ -31,7 +32,7 @@ def test_fused_compositions_equal_their_parts():
     q = rng.standard_normal((2, 4, 64)).astype(np.float32)
     k = rng.standard_normal((2, 2, 64)).astype(np.float32)
     pos = np.array([5, 6])
-    yq, yk = B.rope_qk(q, k, pos, 64, 10000.0, True, q_norm=w, k_norm=wr, eps=1e-6)
-    np.testing.assert_array_equal(yq, B.rope(B.rms_norm(q, w, 1e-6), pos, 64, 10000.0, True))
-    np.testing.assert_array_equal(yk, B.rope(B.rms_norm(k, wr, 1e-6), pos, 64, 10000.0, True))
+    yq, yk = B.rope_qk(q, k, pos, inv_freq(64, 10000.0), True, q_norm=w, k_norm=wr, eps=1e-6)
+    np.testing.assert_array_equal(yq, B.rope(B.rms_norm(q, w, 1e-6), pos, inv_freq(64, 10000.0), True))
+    np.testing.assert_array_equal(yk, B.rope(B.rms_norm(k, wr, 1e-6), pos, inv_freq(64, 10000.0), True))
     assert list(B.argmax(np.array([[0.0, 2.0, 2.0], [3.0, 1.0, 0.0]]))) == [1, 0]

@@ -4,6 +4,7 @@ import pytest
 
 from engine.backends.base import Batch
 from engine.backends.cpu import CPUBackend
+from engine.model.rope import inv_freq
 
 pytestmark = pytest.mark.gpu
 
@@ -51,7 +52,8 @@ def test_add_rms_norm(backends, post_norm):
 @pytest.mark.parametrize("neox", [False, True])
 @pytest.mark.parametrize("norm", [False, True])
 def test_rope_qk(backends, neox, norm):
-    """q and k in one launch, optionally each head RMS-normed first (Gemma 3), against the numpy backend."""
+    """q and k in one launch, optionally each head RMS-normed first (Gemma 3), against the numpy backend; plain
+    frequencies and Llama 3's per-pair factors."""
     import cupy as cp
     cpu, gpu, _ = backends
     rng = np.random.default_rng()
@@ -60,8 +62,9 @@ def test_rope_qk(backends, neox, norm):
         k = rng.standard_normal((n, n_kv, hd)).astype(np.float32) * 2
         qn, kn = (rng.standard_normal(hd).astype(np.float32) if norm else None for _ in range(2))
         pos = rng.integers(0, 30000, n).astype(np.int32)
-        ref_q, ref_k = cpu.rope_qk(q, k, pos, n_rot, 10000.0, neox, qn, kn, 1e-6)
-        yq, yk = gpu.rope_qk(cp.asarray(q), cp.asarray(k), pos, n_rot, 10000.0, neox,
+        freqs = inv_freq(n_rot, 10000.0, freq_factors=rng.uniform(1, 8, n_rot // 2) if n % 2 else None)
+        ref_q, ref_k = cpu.rope_qk(q, k, pos, freqs, neox, qn, kn, 1e-6)
+        yq, yk = gpu.rope_qk(cp.asarray(q), cp.asarray(k), pos, freqs, neox,
                              None if qn is None else cp.asarray(qn), None if kn is None else cp.asarray(kn), 1e-6)
         np.testing.assert_allclose(yq.get(), ref_q, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(yk.get(), ref_k, rtol=1e-5, atol=1e-5)
@@ -75,8 +78,9 @@ def test_rope(backends, neox):
     for n, heads, hd, n_rot in [(9, 3, 64, 64), (4, 2, 256, 256), (3, 5, 128, 64)]:
         x = rng.standard_normal((n, heads, hd)).astype(np.float32)
         pos = rng.integers(0, 5000, n).astype(np.int32)
-        y = gpu.rope(cp.asarray(x), pos, n_rot, 10000.0, neox).get()
-        np.testing.assert_allclose(y, cpu.rope(x, pos, n_rot, 10000.0, neox), rtol=1e-5, atol=1e-5)
+        freqs = inv_freq(n_rot, 10000.0, freq_factors=rng.uniform(1, 8, n_rot // 2) if n % 2 else None)
+        y = gpu.rope(cp.asarray(x), pos, freqs, neox).get()
+        np.testing.assert_allclose(y, cpu.rope(x, pos, freqs, neox), rtol=1e-5, atol=1e-5)
 
 
 # (mixed) two sequences in slots 1 and 0: a 6-token prefill continuing at position 3 and a one-token decode at 10,
@@ -92,10 +96,13 @@ ATTENTION_BATCHES = {"mixed": ([1] * 6 + [0], list(range(3, 9)) + [10]),
                      "two": ([1] * 60 + [0] * 60, list(range(60)) + list(range(5, 65)))}
 
 
+@pytest.mark.parametrize("softcap", [0.0, 2.0])
 @pytest.mark.parametrize("window", [None, 5, 70])
 @pytest.mark.parametrize("kind", ATTENTION_BATCHES)
 @pytest.mark.parametrize("d", [64, 128, 256])
-def test_attention(backends, window, kind, d):
+def test_attention(backends, window, kind, d, softcap):
+    """Every attention kernel (decode plain and split, per-row, prefill on tensor cores and SIMT, two sequences)
+    against the numpy backend; softcap 2.0: Gemma 2's capped scores (the scaled scores here reach about 1-4)."""
     import cupy as cp
     cpu, gpu16, gpu32 = backends
     rng = np.random.default_rng()
@@ -110,12 +117,12 @@ def test_attention(backends, window, kind, d):
     q = rng.standard_normal((n, n_head, d)).astype(np.float32)
     k = rng.standard_normal((n, n_kv, d)).astype(np.float32)
     v = rng.standard_normal((n, n_kv, d)).astype(np.float32)
-    ref = cpu.attention(q, k, v, ccache, 0, batch, 0.125, window)
+    ref = cpu.attention(q, k, v, ccache, 0, batch, 0.125, window, softcap)
     for gpu, bound in [(gpu32, 1e-10), (gpu16, 1e-5)]:
         gcache = gpu.kv_cache(1, n_seq, n_ctx, n_kv, d)
         gcache.k[0][:n_seq] = cp.asarray(history[0]).astype(gcache.k[0].dtype)     # past them: the spare pad slot
         gcache.v[0][:n_seq] = cp.asarray(history[1]).astype(gcache.v[0].dtype)
-        res = gpu.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), gcache, 0, batch, 0.125, window)
+        res = gpu.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), gcache, 0, batch, 0.125, window, softcap)
         out = res.get()
         assert nmse(out, ref) < bound, (gpu.kv_dtype, nmse(out, ref))
         if gpu.acts.x is res:                           # the split kernel also wrote the output's q8_1 blocks

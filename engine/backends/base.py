@@ -116,22 +116,25 @@ class Backend:
         s = self.add(x, r)
         return s, self.rms_norm(s, w, eps)
 
-    def rope(self, x, positions: np.ndarray, n_rot: int, base: float, neox: bool):
-        """x: [n, heads, head_dim] rotated by position; adjacent pairs, or halves (neox)."""
+    def rope(self, x, positions: np.ndarray, inv_freq: np.ndarray, neox: bool):
+        """x: [n, heads, head_dim]: the first 2 len(inv_freq) dims rotated, pair i by position * inv_freq[i]
+        (engine/model/rope.py; float64, kept by the model); adjacent pairs, or halves (neox)."""
         raise NotImplementedError
 
-    def attention(self, q, k, v, cache, layer: int, batch: Batch, scale: float, window: int | None):
-        """Store k, v in the cache, then causal (optionally sliding-window) GQA attention: -> [n, heads*head_dim]."""
+    def attention(self, q, k, v, cache, layer: int, batch: Batch, scale: float, window: int | None,
+                  softcap: float = 0.0):
+        """Store k, v in the cache, then causal (optionally sliding-window) GQA attention: -> [n, heads*head_dim].
+        softcap > 0: each scaled score s becomes softcap * tanh(s / softcap) before the mask and softmax."""
         raise NotImplementedError
 
-    def rope_qk(self, q, k, positions: np.ndarray, n_rot: int, base: float, neox: bool, q_norm=None, k_norm=None,
+    def rope_qk(self, q, k, positions: np.ndarray, inv_freq: np.ndarray, neox: bool, q_norm=None, k_norm=None,
                 eps: float = 0.0):
         """rope of q and k, each head first RMS-normed with q_norm / k_norm when given -> (q, k)."""
         if q_norm is not None:
             q = self.rms_norm(q, q_norm, eps)
         if k_norm is not None:
             k = self.rms_norm(k, k_norm, eps)
-        return self.rope(q, positions, n_rot, base, neox), self.rope(k, positions, n_rot, base, neox)
+        return self.rope(q, positions, inv_freq, neox), self.rope(k, positions, inv_freq, neox)
 
     def kv_cache(self, n_layer: int, n_seq: int, n_ctx: int, n_head_kv: int, head_dim: int):
         raise NotImplementedError
@@ -145,6 +148,10 @@ class Backend:
         raise NotImplementedError
 
     def add(self, a, b):
+        raise NotImplementedError
+
+    def softcap(self, x, cap: float):
+        """cap * tanh(x / cap), elementwise (Gemma 2's final logits)."""
         raise NotImplementedError
 
     def scale(self, x, s: float):

@@ -33,9 +33,9 @@ class CPUBackend(Backend):
         ms = np.mean(np.square(x), axis=-1, keepdims=True)
         return (x / np.sqrt(ms + eps)) * w
 
-    def rope(self, x, positions, n_rot, base, neox):
-        half = n_rot // 2
-        inv_freq = base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)       # [half]
+    def rope(self, x, positions, inv_freq, neox):
+        half = len(inv_freq)
+        n_rot = 2 * half
         angle = positions.astype(np.float64)[:, None] * inv_freq[None, :]           # [n, half]
         cos = np.cos(angle).astype(self.dtype)[:, None, :]                          # [n, 1, half]
         sin = np.sin(angle).astype(self.dtype)[:, None, :]
@@ -53,7 +53,7 @@ class CPUBackend(Backend):
     def kv_cache(self, n_layer, n_seq, n_ctx, n_head_kv, head_dim):
         return KVCache(np, n_layer, n_seq, n_ctx, n_head_kv, head_dim, self.dtype)
 
-    def attention(self, q, k, v, cache, layer, batch: Batch, scale, window):
+    def attention(self, q, k, v, cache, layer, batch: Batch, scale, window, softcap=0.0):
         n, n_head, d = q.shape
         n_kv = k.shape[1]
         group = n_head // n_kv
@@ -69,6 +69,8 @@ class CPUBackend(Backend):
             vals = vc[seq, lo:hi].transpose(1, 0, 2)                # [n_kv, L, d]
             qs = q[a:b].reshape(b - a, n_kv, group, d).transpose(1, 2, 0, 3)   # [n_kv, group, nq, d]
             scores = (qs @ keys[:, None]) * scale                   # [n_kv, group, nq, L]
+            if softcap:
+                scores = softcap * np.tanh(scores / softcap)
             kpos = np.arange(lo, hi)
             masked = kpos[None, :] > pos[:, None]                   # [nq, L]: future keys
             if window:
@@ -90,6 +92,9 @@ class CPUBackend(Backend):
 
     def add(self, a, b):
         return a + b
+
+    def softcap(self, x, cap):
+        return cap * np.tanh(x / cap)
 
     def scale(self, x, s):
         return x * s

@@ -56,7 +56,7 @@ class CUDABackend(Backend):
         self._bound: dict[int, tuple[np.ndarray, cp.ndarray]] = {}
         self.acts = dispatch.Activations()     # q8_1 / f16 forms of the last activation multiplied
         self._tickets = cp.zeros(ATTENTION_TICKETS, cp.int32)   # attention_split's counters, one per (row, head)
-        self._inv_freq: dict[tuple[float, int], cp.ndarray] = {}
+        self._host_f64: dict[int, tuple[np.ndarray, cp.ndarray]] = {}    # a model's rope frequencies, on the device
         self._qtypes: set[int] = set()          # the weights' GGML types (the kernels to load)
 
     def synchronize(self) -> None:
@@ -91,6 +91,16 @@ class CUDABackend(Backend):
         d = cp.asarray(np.ascontiguousarray(arr, dtype=np.int32))
         self._device_arrays[id(arr)] = (arr, d)
         return d
+
+    def _dev_f64(self, arr: np.ndarray) -> cp.ndarray:
+        """A float64 host array the model keeps (its rope frequencies) on the device, copied once."""
+        hit = self._host_f64.get(id(arr))
+        if hit is None or hit[0] is not arr:
+            if len(self._host_f64) > 16:
+                self._host_f64.clear()
+            hit = (arr, cp.asarray(np.ascontiguousarray(arr, dtype=np.float64)))
+            self._host_f64[id(arr)] = hit
+        return hit[1]
 
     # -- operations ---------------------------------------------------------------------------------------------
     def weight(self, info: TensorInfo, data: np.ndarray):
@@ -145,26 +155,23 @@ class CUDABackend(Backend):
                 (x, r, r_norm if r_norm is not None else np.uint64(0), w, s, y, *q8, np.int32(d), np.float32(eps)))
         return s, y
 
-    def rope_qk(self, q, k, positions, n_rot, base, neox, q_norm=None, k_norm=None, eps=0.0):
+    def rope_qk(self, q, k, positions, inv_freq, neox, q_norm=None, k_norm=None, eps=0.0):
         n, n_head, d = q.shape
         if d % 64 or d > 256 or n == 0:
-            return super().rope_qk(q, k, positions, n_rot, base, neox, q_norm, k_norm, eps)
+            return super().rope_qk(q, k, positions, inv_freq, neox, q_norm, k_norm, eps)
         q = cp.ascontiguousarray(q, dtype=cp.float32)
         k = cp.ascontiguousarray(k, dtype=cp.float32)
         yq, yk = cp.empty_like(q), cp.empty_like(k)
-        inv_freq = self._inv_freq.get((base, n_rot))
-        if inv_freq is None:                              # base^(-2i/n_rot) exactly as the numpy backend computes it
-            inv_freq = cp.asarray(base ** (-np.arange(n_rot // 2, dtype=np.float64) * 2.0 / n_rot))
-            self._inv_freq[(base, n_rot)] = inv_freq
+        n_rot = 2 * len(inv_freq)
         null = np.uint64(0)
         kernel("rope", "rope_qk")((n, n_head + k.shape[1]), (d // 2,),
                                   (q, k, yq, yk, q_norm if q_norm is not None else null,
-                                   k_norm if k_norm is not None else null, inv_freq, self._dev(positions),
+                                   k_norm if k_norm is not None else null, self._dev_f64(inv_freq), self._dev(positions),
                                    np.int32(n_head), np.int32(k.shape[1]), np.int32(d), np.int32(n_rot),
                                    np.int32(1 if neox else 0), np.float32(eps)))
         return yq, yk
 
-    def rope(self, x, positions, n_rot, base, neox):
+    def rope(self, x, positions, inv_freq, neox):
         x = cp.ascontiguousarray(x, dtype=cp.float32)
         n, heads, head_dim = x.shape
         y = cp.empty_like(x)
@@ -172,7 +179,7 @@ class CUDABackend(Backend):
         if pairs:
             kernel("rope", "rope")(((pairs + 255) // 256,), (256,),
                                    (x, y, self._dev(positions), np.int32(n), np.int32(heads), np.int32(head_dim),
-                                    np.int32(n_rot), np.float64(base), np.int32(1 if neox else 0)))
+                                    np.int32(2 * len(inv_freq)), self._dev_f64(inv_freq), np.int32(1 if neox else 0)))
         return y
 
     def kv_cache(self, n_layer, n_seq, n_ctx, n_head_kv, head_dim):
@@ -180,7 +187,7 @@ class CUDABackend(Backend):
         cache.pad_slot = n_seq                   # graph replays of decode steps pad their batch with this slot
         return cache
 
-    def attention(self, q, k, v, cache, layer, batch: Batch, scale, window):
+    def attention(self, q, k, v, cache, layer, batch: Batch, scale, window, softcap=0.0):
         n, n_head, d = q.shape
         if d % 32 or d > 256:
             raise ValueError(f"head_dim {d} is not supported by the attention kernel (a multiple of 32, <= 256)")
@@ -188,7 +195,7 @@ class CUDABackend(Backend):
         k = cp.ascontiguousarray(k, dtype=cp.float32)
         v = cp.ascontiguousarray(v, dtype=cp.float32)
         q = cp.ascontiguousarray(q, dtype=cp.float32)
-        ctx = (cache, layer, scale, window)
+        ctx = (cache, layer, scale, window, softcap)
         if batch.per_row:                                            # every row its own query: store all k, v first
             self._kv_store(k, v, seq_ids, positions, ctx)
             n_split = self._n_split(n, n_head)
@@ -240,7 +247,7 @@ class CUDABackend(Backend):
         return "float" if cache.k[layer].dtype == cp.float32 else "u16"
 
     def _kv_store(self, k, v, seq_ids, positions, ctx) -> None:
-        cache, layer, _, _ = ctx
+        cache, layer = ctx[:2]
         n, row = k.shape[0], k.shape[1] * k.shape[2]
         kernel("attention", f"kv_store<{self._kv_type(cache, layer)}>")(
             ((n * row + 255) // 256,), (256,), (k, v, cache.k[layer], cache.v[layer], seq_ids, positions,
@@ -249,14 +256,14 @@ class CUDABackend(Backend):
     @staticmethod
     def _tail(q, seq_ids, positions, ctx) -> tuple:
         """The arguments attention and attention_split take after their arrays."""
-        cache, layer, scale, window = ctx
+        cache, layer, scale, window, softcap = ctx
         return (seq_ids, positions, np.int32(q.shape[1]), np.int32(cache.k[layer].shape[2]), np.int32(q.shape[2]),
-                np.int32(cache.n_ctx), np.float32(scale), np.int32(window or 0))
+                np.int32(cache.n_ctx), np.float32(scale), np.int32(window or 0), np.float32(softcap))
 
     def _attention_split(self, q, k, v, seq_ids, positions, n_split, ctx):
         """Few query tokens (decode), split over the keys; stores k, v first when given. -> [n, n_head*head_dim],
         with its q8_1 blocks registered for the next mul_mat."""
-        cache, layer, _, _ = ctx
+        cache, layer = ctx[:2]
         n, n_head, d = q.shape
         out = cp.empty((n, n_head, d), cp.float32)
         part = cp.empty((n, n_head, n_split, d + 2), cp.float32)     # per chunk: max, sum, output[head_dim]
@@ -270,21 +277,22 @@ class CUDABackend(Backend):
         return out
 
     def _attention_plain(self, q, seq_ids, positions, out, ctx) -> None:
-        cache, layer, _, _ = ctx
+        cache, layer = ctx[:2]
         n, n_head, d = q.shape
         kernel("attention", f"attention<{self._kv_type(cache, layer)}, {attention_head_chunks(d)}>")(
             (n, n_head), (32,), (q, cache.k[layer], cache.v[layer], out, *self._tail(q, seq_ids, positions, ctx)))
 
     def _attention_run(self, q, seq_ids, positions, ctx):
         """Query tokens of one sequence at consecutive positions (a prefill chunk) -> [n, n_head, head_dim]."""
-        cache, layer, scale, window = ctx
+        cache, layer, scale, window, softcap = ctx
         n, n_head, d = q.shape
         out = cp.empty((n, n_head, d), cp.float32)
         if d not in PREFILL_HEAD_DIMS or n == 1:
             self._attention_plain(q, seq_ids, positions, out, ctx)
             return out
         pargs = (q, cache.k[layer], cache.v[layer], out, seq_ids, positions, np.int32(n), np.int32(n_head),
-                 np.int32(cache.k[layer].shape[2]), np.int32(cache.n_ctx), np.float32(scale), np.int32(window or 0))
+                 np.int32(cache.k[layer].shape[2]), np.int32(cache.n_ctx), np.float32(scale), np.int32(window or 0),
+                 np.float32(softcap))
         if self._kv_type(cache, layer) == "u16":                     # f16 tensor cores
             launch.attention_prefill_mma(d, ((n + 15) // 16, n_head), pargs)
         else:
@@ -299,6 +307,9 @@ class CUDABackend(Backend):
 
     def add(self, a, b):
         return a + b
+
+    def softcap(self, x, cap):
+        return cp.tanh(x * np.float32(1.0 / cap)) * np.float32(cap)
 
     def scale(self, x, s):
         return x * np.float32(s)

@@ -4,19 +4,29 @@ from __future__ import annotations
 from ..gguf import GGUFFile, quoted
 from .base import ModelLoadError, Transformer
 from .config import ModelConfig
+from .gemma2 import Gemma2
 from .gemma3 import Gemma3
 from .llama import Llama
+from .phi3 import Phi3
+from .qwen2 import Qwen2
+from .qwen3 import Qwen3
 
-ARCHITECTURES: dict[str, type[Transformer]] = {"llama": Llama, "gemma3": Gemma3}
+ARCHITECTURES: dict[str, type[Transformer]] = {"llama": Llama, "gemma3": Gemma3, "qwen2": Qwen2, "qwen3": Qwen3,
+                                              "phi3": Phi3, "gemma2": Gemma2}
 
 
-def load_model(gguf: GGUFFile, backend) -> Transformer:
+def model_class(gguf: GGUFFile) -> type[Transformer]:
+    """The class of the file's general.architecture, or a ModelLoadError naming the supported ones."""
     arch = gguf.architecture
     cls = ARCHITECTURES.get(arch)
     if cls is None:
         raise ModelLoadError(f"{gguf.path}: unsupported architecture '{quoted(arch)}' "
                              f"(supported: {', '.join(sorted(ARCHITECTURES))})")
-    return cls(gguf, backend, ModelConfig.from_gguf(gguf))
+    return cls
 
 
-__all__ = ["ARCHITECTURES", "load_model", "ModelLoadError", "ModelConfig"]
+def load_model(gguf: GGUFFile, backend) -> Transformer:
+    return model_class(gguf)(gguf, backend, ModelConfig.from_gguf(gguf))
+
+
+__all__ = ["ARCHITECTURES", "load_model", "model_class", "ModelLoadError", "ModelConfig"]

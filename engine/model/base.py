@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ..gguf import GGUFError, GGUFFile
+from ..gguf import GGUFError, GGUFFile, TensorInfo
 from ..quants import UnsupportedTypeError
 from .config import ModelConfig
 
@@ -32,6 +32,28 @@ class Transformer:
             return self.B.weight(info, self.gguf.tensor_data(name))
         except UnsupportedTypeError as e:
             raise ModelLoadError(f"{self.gguf.path}: tensor '{name}': {e}") from None
+
+    def weight_rows(self, name: str, cols: int, row_counts: list[int]) -> list:
+        """A fused matrix (Phi-3's attn_qkv, ffn_up) loaded as the matrices its consecutive row ranges are, each
+        still in the file's blocks: [weight of rows 0..n0, of n0..n0+n1, ...]."""
+        info = self.gguf.tensors.get(name)
+        rows = sum(row_counts)
+        if info is None:
+            raise ModelLoadError(f"{self.gguf.path}: tensor '{name}' is missing")
+        if info.np_shape != (rows, cols):
+            raise ModelLoadError(f"{self.gguf.path}: tensor '{name}' has shape {list(info.np_shape)}, "
+                                 f"expected {[rows, cols]}")
+        data, row_bytes = self.gguf.tensor_data(name), info.nbytes // rows
+        out, r0 = [], 0
+        for n in row_counts:
+            part = TensorInfo(f"{name}[{r0}:{r0 + n}]", info.type, (cols, n), info.offset + r0 * row_bytes,
+                              n * row_bytes)
+            try:
+                out.append(self.B.weight(part, data[r0 * row_bytes:(r0 + n) * row_bytes]))
+            except UnsupportedTypeError as e:
+                raise ModelLoadError(f"{self.gguf.path}: tensor '{name}': {e}") from None
+            r0 += n
+        return out
 
     def load_embeddings(self) -> None:
         """token_embd, output_norm, and output (the token embeddings when the file ties them)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..gguf import GGUFError, GGUFFile
+from .rope import RopeScaling
 
 # Bounds on hyperparameters (far beyond any released model; they keep a corrupt file from sizing huge buffers)
 MAX_DIM = 1 << 17
@@ -29,6 +30,7 @@ class ModelConfig:
     n_ctx_train: int
     n_vocab: int
     sliding_window: int | None = None
+    rope_scaling: RopeScaling = RopeScaling()
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
@@ -62,4 +64,5 @@ class ModelConfig:
             n_ctx_train=f.integer("context_length", 1, MAX_CTX, default=2048),
             n_vocab=n_vocab,
             sliding_window=window or None,
+            rope_scaling=RopeScaling.from_gguf(f),
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 from ..backends.base import Batch
+from . import rope
 from .base import Transformer
 
 SLIDING_ROPE_BASE = 10_000.0   # rope base of the sliding-window layers (not stored in the file)
@@ -22,6 +23,8 @@ class Gemma3(Transformer):
             "post_ffn_norm": ("post_ffw_norm.weight", (c.n_embd,)),
         }
         self.layers = [self.layer_weights(il, {**self.block_weight_names(), **extra}) for il in range(c.n_layer)]
+        self.inv_freq_sliding = rope.inv_freq(c.n_rot, SLIDING_ROPE_BASE)              # [n_rot / 2] f64
+        self.inv_freq_global = rope.inv_freq(c.n_rot, c.rope_base, c.rope_scaling)      # (scaled: global layers)
 
     def is_sliding(self, il: int) -> bool:
         return self.cfg.sliding_window is not None and il % GLOBAL_EVERY < GLOBAL_EVERY - 1
@@ -33,12 +36,12 @@ class Gemma3(Transformer):
         h = B.rms_norm(x, self.layers[0].attn_norm, c.rms_eps)                    # h: [n, n_embd], normed residual
         for il, L in enumerate(self.layers):
             sliding = self.is_sliding(il)
-            base = SLIDING_ROPE_BASE if sliding else c.rope_base
+            inv_freq = self.inv_freq_sliding if sliding else self.inv_freq_global
             q, k, v = B.mul_mats((L.wq, L.wk, L.wv), h)                       # [n, q_dim], [n, kv_dim] x2
             q = q.reshape(n, c.n_head, c.head_dim)                            # q: [n, n_head, head_dim]
             k = k.reshape(n, c.n_head_kv, c.head_dim)                         # k: [n, n_head_kv, head_dim]
             v = v.reshape(n, c.n_head_kv, c.head_dim)                         # v: [n, n_head_kv, head_dim]
-            q, k = B.rope_qk(q, k, batch.positions, c.n_rot, base, neox=True, q_norm=L.q_norm, k_norm=L.k_norm,
+            q, k = B.rope_qk(q, k, batch.positions, inv_freq, neox=True, q_norm=L.q_norm, k_norm=L.k_norm,
                              eps=c.rms_eps)
             window = c.sliding_window if sliding else None
             a = B.attention(q, k, v, cache, il, batch, 1.0 / math.sqrt(c.head_dim), window)  # a: [n, n_head*head_dim]

@@ -58,14 +58,15 @@ __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ 
     cache_v[dst] = kv_cast<KV>(v[t]);
 }
 
-// One warp's online softmax over keys j0, j0 + step, ... < j1: updates (m, l, acc). Keys go ATTN_KEYS at a time:
+// One warp's online softmax over keys j0, j0 + step, ... < j1: updates (m, l, acc); softcap > 0 caps each score s at
+// softcap * tanh(s / softcap) (Gemma 2). Keys go ATTN_KEYS at a time:
 // their k and v rows loaded together (the loads of a key no longer wait for the previous key's softmax: a decode
 // step's attention is bound by that latency), then one max and one rescale for the group; the rest one by one.
 #define ATTN_KEYS 4
 template <typename KV, int MAXE>
 __device__ __forceinline__ void attend_keys(const KV* kb, const KV* vb, long long stride,
                                             int j0, int j1, int step, const float* qv, float* acc, float& m,
-                                            float& l, int per, int lane) {
+                                            float& l, int per, int lane, float softcap) {
     int j = j0;
     for (; j + (ATTN_KEYS - 1) * step < j1; j += ATTN_KEYS * step) {
         float kx[ATTN_KEYS][MAXE], vx[ATTN_KEYS][MAXE], s[ATTN_KEYS];
@@ -87,6 +88,9 @@ __device__ __forceinline__ void attend_keys(const KV* kb, const KV* vb, long lon
         for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
             for (int u = 0; u < ATTN_KEYS; ++u) s[u] += __shfl_xor_sync(0xffffffffu, s[u], o);
+        if (softcap > 0.f)
+#pragma unroll
+            for (int u = 0; u < ATTN_KEYS; ++u) s[u] = softcap * tanhf(s[u] / softcap);
         float m_new = m;
 #pragma unroll
         for (int u = 0; u < ATTN_KEYS; ++u) m_new = fmaxf(m_new, s[u]);
@@ -111,6 +115,7 @@ __device__ __forceinline__ void attend_keys(const KV* kb, const KV* vb, long lon
 #pragma unroll
         for (int e = 0; e < MAXE; ++e) if (e < per) s += qv[e] * kv_load<KV>(kr + e * 32 + lane);
         s = warp_sum(s);
+        if (softcap > 0.f) s = softcap * tanhf(s / softcap);
         const float m_new = fmaxf(m, s);
         const float corr = expf(m - m_new), pj = expf(s - m_new);
         l = l * corr + pj;
@@ -125,7 +130,7 @@ template <typename KV, int MAXE>                       // MAXE: head_dim / 32 at
 __global__ void __launch_bounds__(32)
 attention(const float* __restrict__ q, const KV* __restrict__ cache_k, const KV* __restrict__ cache_v,
           float* __restrict__ out, const int* __restrict__ seq_ids, const int* __restrict__ positions,
-          int n_head, int n_kv, int head_dim, int n_ctx, float scale, int window) {
+          int n_head, int n_kv, int head_dim, int n_ctx, float scale, int window, float softcap) {
     const int tok = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
     const int per = head_dim / 32, kvh = h / (n_head / n_kv);
     const int p = positions[tok];
@@ -137,7 +142,7 @@ attention(const float* __restrict__ q, const KV* __restrict__ cache_k, const KV*
     const long long base = ((long long)seq_ids[tok] * n_ctx) * n_kv * head_dim + (long long)kvh * head_dim;
     const long long stride = (long long)n_kv * head_dim;
     float m = NEG_INF, l = 0.f;
-    attend_keys<KV, MAXE>(cache_k + base, cache_v + base, stride, lo, p + 1, 1, qv, acc, m, l, per, lane);
+    attend_keys<KV, MAXE>(cache_k + base, cache_v + base, stride, lo, p + 1, 1, qv, acc, m, l, per, lane, softcap);
     float* oh = out + ((long long)tok * n_head + h) * head_dim;
 #pragma unroll
     for (int e = 0; e < MAXE; ++e) if (e < per) oh[e * 32 + lane] = acc[e] / l;
@@ -147,7 +152,8 @@ template <typename KV, int MAXE>
 __global__ void __launch_bounds__(128)
 attention_split(const float* __restrict__ q, KV* cache_k, KV* cache_v,
                 float* __restrict__ out, const int* __restrict__ seq_ids, const int* __restrict__ positions,
-                int n_head, int n_kv, int head_dim, int n_ctx, float scale, int window, float* __restrict__ part,
+                int n_head, int n_kv, int head_dim, int n_ctx, float scale, int window, float softcap,
+                float* __restrict__ part,
                 int* __restrict__ counters, signed char* __restrict__ qs, float2* __restrict__ ds,
                 const float* __restrict__ k_new, const float* __restrict__ v_new) {
     constexpr int WARPS = 4;
@@ -176,7 +182,7 @@ attention_split(const float* __restrict__ q, KV* cache_k, KV* cache_v,
     }
     float m = NEG_INF, l = 0.f;
     attend_keys<KV, MAXE>(cache_k + base, cache_v + base, (long long)n_kv * head_dim, j0 + w, j1, WARPS, qv, acc, m, l,
-                    per, lane);
+                    per, lane, softcap);
     if (lane == 0) { s_m[w] = m; s_l[w] = l; }
 #pragma unroll
     for (int e = 0; e < MAXE; ++e) if (e < per) s_acc[w][e * 32 + lane] = acc[e];
@@ -233,7 +239,7 @@ template <typename KV, int D>
 __global__ void __launch_bounds__(128)
 attention_prefill(const float* __restrict__ q, const KV* __restrict__ cache_k, const KV* __restrict__ cache_v,
                   float* __restrict__ out, const int* __restrict__ seq_ids, const int* __restrict__ positions, int n,
-                  int n_head, int n_kv, int n_ctx, float scale, int window) {
+                  int n_head, int n_kv, int n_ctx, float scale, int window, float softcap) {
     constexpr int BQ = 32, BK = 32, DP = D + 1, PP = BK + 1, PER = D / 4;
     extern __shared__ float smem[];
     float* sq = smem;                  // [BQ][DP] queries, scaled
@@ -279,7 +285,7 @@ attention_prefill(const float* __restrict__ q, const KV* __restrict__ cache_k, c
         for (int i = 0; i < BK / 4; ++i) {
             const int j = j0 + c + 4 * i;
             const bool ok = r < nq && j <= qp && (window <= 0 || j > qp - window);
-            s[i] = ok ? s[i] : NEG_INF;
+            s[i] = ok ? (softcap > 0.f ? softcap * tanhf(s[i] / softcap) : s[i]) : NEG_INF;
             tmax = fmaxf(tmax, s[i]);
         }
         tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));

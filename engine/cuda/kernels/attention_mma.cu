@@ -45,7 +45,7 @@ template <int D>
 __global__ void __launch_bounds__(128)
 attention_prefill_mma(const float* __restrict__ q, const u16* __restrict__ cache_k, const u16* __restrict__ cache_v,
                       float* __restrict__ out, const int* __restrict__ seq_ids, const int* __restrict__ positions,
-                      int n, int n_head, int n_kv, int n_ctx, float scale, int window) {
+                      int n, int n_head, int n_kv, int n_ctx, float scale, int window, float softcap) {
     constexpr int LDS = fa_row_halves(D);
     extern __shared__ __align__(16) u16 fa_smem[];
     u16* sQ = fa_smem;                 // [FA_BQ][LDS] queries, scaled, f16
@@ -56,6 +56,7 @@ attention_prefill_mma(const float* __restrict__ q, const u16* __restrict__ cache
     const int t0 = blockIdx.x * FA_BQ, nq = min(FA_BQ, n - t0);
     const int p0 = positions[0] + t0, p_last = p0 + nq - 1;   // positions of the block's first and last query
     const float qscale = scale * 1.4426950408889634f;
+    const float cap2 = softcap * 1.4426950408889634f;       // the cap in the scores' log2 units
     for (int e = tid; e < FA_BQ * D / 2; e += 128) {
         const int r = e / (D / 2), c = (e % (D / 2)) * 2;
         float2 v = make_float2(0.f, 0.f);
@@ -103,7 +104,7 @@ attention_prefill_mma(const float* __restrict__ q, const u16* __restrict__ cache
             for (int e = 0; e < 4; ++e) {
                 const int row = e >> 1, j = j0 + kw + nt * 8 + 2 * t + (e & 1);
                 const bool ok = j <= qp[row] && (window <= 0 || j > qp[row] - window);
-                s[nt][e] = ok ? s[nt][e] : FA_NEG_INF;
+                s[nt][e] = ok ? (softcap > 0.f ? cap2 * tanhf(s[nt][e] / cap2) : s[nt][e]) : FA_NEG_INF;
                 mx[row] = fmaxf(mx[row], s[nt][e]);
             }
         float corr[2];

@@ -1,14 +1,16 @@
 // rope: y = x with the first n_rot dims of each head rotated by position; pairs (2i, 2i+1), or (i, i + n_rot/2) for
 // neox; dims n_rot..head_dim are copied. Out of place, so the caller needs no copy of x.
 //   x, y : [n, heads, head_dim] f32, positions : [n] int32 (read on the device: a CUDA graph replays with new ones)
-// The angle pos * base^(-2i/n_rot) and its cos/sin are computed in double (as the numpy reference does), once per
+//   inv_freq : [n_rot/2] f64, pair i's angle per position (engine/model/rope.py: base^(-2i/n_rot) / its scaling)
+// The angle pos * inv_freq[i] and its cos/sin are computed in double (as the numpy reference does), once per
 // (token, pair) for all heads.
 // Launch rule: one thread per (token, pair of dims), head_dim/2 pairs per token; block 256;
 // grid ceil(n * head_dim/2 / 256).
 #include "common.cuh"
 
 extern "C" __global__ void rope(const float* __restrict__ x, float* __restrict__ y, const int* __restrict__ positions,
-                                int n, int heads, int head_dim, int n_rot, double base, int neox) {
+                                int n, int heads, int head_dim, int n_rot, const double* __restrict__ inv_freq,
+                                int neox) {
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const int pairs = head_dim / 2, half = n_rot / 2;
     if (t >= (long long)n * pairs) return;
@@ -23,7 +25,7 @@ extern "C" __global__ void rope(const float* __restrict__ x, float* __restrict__
         }
         return;
     }
-    const double angle = (double)positions[tok] * pow(base, -2.0 * (double)i / (double)n_rot);
+    const double angle = (double)positions[tok] * inv_freq[i];
     const float c = (float)cos(angle), s = (float)sin(angle);
     const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
     for (int h = 0; h < heads; ++h) {
@@ -35,7 +37,7 @@ extern "C" __global__ void rope(const float* __restrict__ x, float* __restrict__
 
 // rope_qk: the q and k of a batch in one launch, each head optionally RMS-normed first (Gemma 3's q_norm, k_norm).
 //   q : [n, n_head, head_dim], k : [n, n_kv, head_dim] f32 -> yq, yk (same shapes); q_norm, k_norm : [head_dim] f32
-//   or null; inv_freq : [n_rot/2] f64, base^(-2i/n_rot) as numpy computes it; positions : [n] int32 (on the device)
+//   or null; inv_freq : [n_rot/2] f64 as for rope; positions : [n] int32 (on the device)
 // Thread i of a head's block owns one pair of dims: rotated pair i (i < n_rot/2) or two tail dims.
 // Launch rule: grid (n, n_head + n_kv), block head_dim/2 threads (head_dim a multiple of 64, at most 256).
 extern "C" __global__ void __launch_bounds__(128)

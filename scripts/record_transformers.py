@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Record HF transformers' logits on the tiny architecture files (tests/tiny_archs.py) into tests/data/transformers/,
+once, so that CI compares the engine against them without torch.
+
+    python -m venv /tmp/tfenv && /tmp/tfenv/bin/pip install torch transformers gguf numpy sentencepiece
+    PYTHONPATH=tests /tmp/tfenv/bin/python scripts/record_transformers.py [ARCH ...]
+
+Each architecture's file is written from its seed, loaded by transformers' own GGUF loader (float32, CPU), and run on
+tests/tiny_archs.prompt_tokens(): the logits of every position, and 16 greedy tokens after the first 8. Two things
+the loader does not read are given to the config: the head size (attention.key_length, mapped for some
+architectures only), Gemma 2's caps and query scale, and, for Llama 3, `rope_type: llama3` with the parameters the file's rope_freqs.weight was
+computed from (transformers computes its own frequencies from them).
+"""
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from tiny_archs import (ARCHS, GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP, HD, LLAMA3_ROPE, ROPE_BASE, prompt_tokens,  # noqa: E402
+                        write_arch)
+
+OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "transformers"
+GREEDY_PROMPT, GREEDY_NEW = 8, 16
+
+
+def record(name: str, folder: Path) -> dict:
+    fname = f"{name}.gguf"
+    write_arch(folder / fname, name)
+    config = AutoConfig.from_pretrained(folder, gguf_file=fname)
+    config.head_dim = HD                 # the loader maps attention.key_length for some architectures only
+    if (getattr(config, "pad_token_id", None) or 0) >= config.vocab_size:
+        config.pad_token_id = None       # Phi-3's default (32000) is past the tiny vocabulary
+    if name == "gemma2":                 # the loader reads neither the caps nor the query scale
+        config.attn_logit_softcapping, config.final_logit_softcapping = GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP
+        config.query_pre_attn_scalar = HD
+        config.tie_word_embeddings = True
+    if name == "llama3":
+        params = {**LLAMA3_ROPE, "rope_theta": ROPE_BASE}
+        if hasattr(config, "rope_parameters"):          # transformers 5
+            config.rope_parameters = params
+        else:
+            config.rope_scaling = params
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, config=config, dtype=torch.float32).eval()
+    tokens = prompt_tokens()
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens])).logits[0].float().numpy()
+        out = model.generate(torch.tensor([tokens[:GREEDY_PROMPT]]), max_new_tokens=GREEDY_NEW, do_sample=False,
+                             min_new_tokens=GREEDY_NEW, pad_token_id=0, eos_token_id=None)
+    greedy = out[0, GREEDY_PROMPT:].tolist()
+    np.savez_compressed(OUT / f"{name}.npz", tokens=np.array(tokens, np.int32), logits=logits.astype(np.float32),
+                        greedy=np.array(greedy, np.int32), greedy_prompt=np.int32(GREEDY_PROMPT))
+    return {"model_type": config.model_type, "positions": len(tokens), "greedy": greedy}
+
+
+def main() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    names = sys.argv[1:] or list(ARCHS)
+    meta_path = OUT / "versions.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            info = record(name, Path(tmp))
+            meta[name] = {**info, "transformers": transformers.__version__, "torch": torch.__version__}
+            print(name, info)
+    meta_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""Each architecture against HF transformers: the tiny files of tests/tiny_archs.py, transformers' float32 logits
+recorded once by scripts/record_transformers.py (tests/data/transformers/), the engine's paths compared here."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.model import rope
+from engine.runtime import Runtime
+from tiny_archs import ARCHS, write_arch
+
+DATA = Path(__file__).parent / "data" / "transformers"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("archs")
+    return {name: write_arch(folder / f"{name}.gguf", name) for name in ARCHS}
+
+
+def reference(name: str) -> dict:
+    return dict(np.load(DATA / f"{name}.npz"))
+
+
+def teacher_forced(rt: Runtime, tokens: list[int]) -> np.ndarray:
+    """Logits of every position of one prefill: [len(tokens), n_vocab] float64."""
+    return np.asarray(rt.prefill(tokens, all_logits=True), dtype=np.float64)
+
+
+def greedy(rt: Runtime, prompt: list[int], n: int) -> list[int]:
+    logits = rt.prefill(prompt)
+    out = []
+    for i in range(n):
+        tok = int(np.argmax(logits[-1] if logits.ndim == 2 else logits))
+        out.append(tok)
+        logits = rt.decode([0], [tok], [len(prompt) + i])
+    return out
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_exact_path_matches_transformers(files, name):
+    """The float64 CPU path against transformers: every logit within 1e-4 of the logit range, and the same 16 greedy
+    tokens."""
+    ref = reference(name)
+    rt = Runtime.load(files[name], device="cpu", exact=True, n_ctx=128)
+    got = teacher_forced(rt, ref["tokens"].tolist())
+    span = float(ref["logits"].max() - ref["logits"].min())
+    assert np.abs(got - ref["logits"]).max() <= 1e-4 * span, (name, np.abs(got - ref["logits"]).max() / span)
+    rt = Runtime.load(files[name], device="cpu", exact=True, n_ctx=128)
+    prompt = ref["tokens"][:int(ref["greedy_prompt"])].tolist()
+    assert greedy(rt, prompt, len(ref["greedy"])) == ref["greedy"].tolist()
+
+
+def kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
+    """Mean KL(p || q) over positions, from logits."""
+    def log_softmax(x):
+        x = x - x.max(1, keepdims=True)
+        return x - np.log(np.exp(x).sum(1, keepdims=True))
+    lp, lq = log_softmax(p_logits), log_softmax(q_logits)
+    return float(np.mean(np.sum(np.exp(lp) * (lp - lq), axis=1)))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("name", ARCHS)
+def test_fast_paths_near_the_exact_one(files, name, device):
+    """The float32 CPU path and the CUDA path (decode through MMVQ, q8_1 activations) teacher-forced within KL 0.002
+    of the float64 path."""
+    tokens = reference(name)["tokens"].tolist()
+    exact = teacher_forced(Runtime.load(files[name], device="cpu", exact=True, n_ctx=128), tokens)
+    rt = Runtime.load(files[name], device=device, n_ctx=128)
+    got = teacher_forced(rt, tokens)
+    assert kl(exact, got) <= 0.002, kl(exact, got)
+    rt = Runtime.load(files[name], device=device, n_ctx=128)          # one token at a time: the decode kernels
+    rows = [rt.prefill(tokens[:1])[-1]] + [rt.decode([0], [t], [i + 1])[0] for i, t in enumerate(tokens[1:])]
+    stepped = np.asarray(rows, dtype=np.float64)
+    assert kl(exact, stepped) <= 0.002, kl(exact, stepped)
+
+
+def test_llama3_rope_factors_matter(files, monkeypatch):
+    """Without rope_freqs.weight's factors the tiny Llama 3 is measurably off transformers (so the test above can
+    fail), and with them on."""
+    ref = reference("llama3")
+    span = float(ref["logits"].max() - ref["logits"].min())
+    monkeypatch.setattr(rope, "freq_factors", lambda model, n_rot: None)
+    rt = Runtime.load(files["llama3"], device="cpu", exact=True, n_ctx=128)
+    off = np.abs(teacher_forced(rt, ref["tokens"].tolist()) - ref["logits"]).max()
+    assert off > 1e-2 * span, off / span
+
+
+def test_unsupported_architecture_names_the_supported(tmp_path):
+    import subprocess
+    import sys
+    from gguf import GGUFWriter
+    path = tmp_path / "x.gguf"
+    w = GGUFWriter(str(path), "mamba")
+    w.add_block_count(1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file(progress=False)
+    w.close()
+    for cmd in (["info", str(path)], ["generate", str(path), "hi", "-n", "1", "--device", "cpu"]):
+        r = subprocess.run([sys.executable, "-m", "engine.cli", *cmd], capture_output=True, text=True, timeout=120)
+        if cmd[0] == "info":
+            continue                                   # info describes any readable file
+        assert r.returncode != 0 and "unsupported architecture 'mamba'" in r.stderr, r.stderr
+        assert "qwen2" in r.stderr and "qwen3" in r.stderr and "Traceback" not in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_info_and_generate_on_each_file(files, name):
+    """`engine info` names the architecture and its hyperparameters; `engine generate` runs and exits 0."""
+    import subprocess
+    import sys
+    from tiny_archs import GGUF_ARCH, HD
+    r = subprocess.run([sys.executable, "-m", "engine.cli", "info", files[name]], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and f"architecture:    {GGUF_ARCH[name]}" in r.stdout, r.stdout + r.stderr
+    assert f"head_dim:              {HD}" in r.stdout and "block_count:           2" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "engine.cli", "generate", files[name], "The capital of France is",
+                        "-n", "8", "--temp", "0", "--device", "cpu"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "generated 8 tokens" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("kind", ["yarn", "longrope"])
+def test_unsupported_rope_scaling_is_refused(tmp_path, kind):
+    """A file asking for rope scaling the engine does not implement fails to load with one line naming it, rather
+    than running with the wrong frequencies."""
+    from gguf import GGUFReader, GGUFWriter
+    from engine.gguf import GGUFError
+    src = write_arch(tmp_path / "src.gguf", "llama3")
+    reader = GGUFReader(src)
+    w = GGUFWriter(str(tmp_path / "x.gguf"), "llama")
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        w.add_key_value(field.name, field.contents(), field.types[0],
+                        field.types[-1] if field.types[0] == field.types[0].ARRAY else None)
+    if kind == "yarn":
+        w.add_rope_scaling_type(__import__("gguf").RopeScalingType.YARN)
+        w.add_rope_scaling_factor(4.0)
+    for t in reader.tensors:
+        w.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+    if kind == "longrope":
+        w.add_tensor("rope_factors_long.weight", np.ones(32, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file(progress=False)
+    w.close()
+    with pytest.raises(GGUFError, match="yarn|LongRoPE"):
+        Runtime.load(str(tmp_path / "x.gguf"), device="cpu", n_ctx=64)

@@ -1,0 +1,133 @@
+"""Tiny random-weight GGUF files of each architecture, for the transformers reference (scripts/record_transformers.py
+records transformers' logits on them into tests/data/transformers/; tests/test_archs.py compares the engine).
+
+Deterministic for a seed: numpy's PCG64 normals, Q8_0 by the gguf package's quantizer, everything else F32.
+"""
+import math
+
+import numpy as np
+from gguf import GGMLQuantizationType as GT
+from gguf import GGUFWriter
+from gguf import quants as gq
+
+N_VOCAB = 320
+E, F, H, HK, HD, L = 128, 256, 4, 2, 64, 2
+ROPE_BASE = 10000.0
+# Llama 3's rope scaling (rope_type "llama3"), with an original context short enough that the tiny head's 32 pairs
+# span the unscaled, smoothed and scaled bands
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+ARCHS = ("llama3", "qwen2", "qwen3", "phi3", "gemma2")
+GGUF_ARCH = {"llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma2": "gemma2"}
+# Gemma 2's caps and window, small enough that the tiny model's scores and logits reach them
+GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP, GEMMA2_WINDOW = 5.0, 3.0, 16
+
+
+def llama3_rope_factors(head_dim: int, base: float, p: dict) -> np.ndarray:
+    """rope_freqs.weight as llama.cpp's converter writes it from a `rope_type: llama3` config."""
+    freqs = 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    old = p["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / p["low_freq_factor"], old / p["high_freq_factor"]
+    factors = []
+    for f in freqs:
+        wavelen = 2 * math.pi / f
+        if wavelen < high_wavelen:
+            factors.append(1.0)
+        elif wavelen > low_wavelen:
+            factors.append(p["factor"])
+        else:
+            smooth = (old / wavelen - p["low_freq_factor"]) / (p["high_freq_factor"] - p["low_freq_factor"])
+            factors.append(1.0 / ((1 - smooth) / p["factor"] + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+def vocabulary() -> list[str]:
+    """GPT-2's 256 byte tokens (so that any text tokenizes), "Ġt" (one merge), then padding tokens to N_VOCAB."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    cs, extra = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + extra)
+            extra += 1
+    tokens = [chr(c) for c in cs]
+    return tokens + ["Ġt"] + [f"<pad{i}>" for i in range(len(tokens) + 1, N_VOCAB)]
+
+
+def write_arch(path, name: str, seed: int = 0) -> str:
+    """A 2-layer file of architecture `name` (ARCHS) at `path`; returns the path."""
+    rng = np.random.default_rng(seed)
+    arch = GGUF_ARCH[name]
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(L)
+    w.add_context_length(1024)
+    w.add_embedding_length(E)
+    w.add_feed_forward_length(F)
+    w.add_head_count(H)
+    w.add_head_count_kv(HK)
+    w.add_key_length(HD)
+    w.add_value_length(HD)
+    w.add_rope_dimension_count(HD)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(ROPE_BASE)
+    w.add_vocab_size(N_VOCAB)
+    if name == "gemma2":
+        w.add_attn_logit_softcapping(GEMMA2_ATTN_CAP)
+        w.add_final_logit_softcapping(GEMMA2_FINAL_CAP)
+        w.add_sliding_window(GEMMA2_WINDOW)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(vocabulary())
+    w.add_token_types([1] * N_VOCAB)
+    w.add_token_merges(["Ġ t"])
+
+    def q8(name_, rows, cols, scale=0.08):
+        data = gq.quantize((rng.standard_normal((rows, cols)) * scale).astype(np.float32), GT.Q8_0)
+        w.add_tensor(name_, data, raw_shape=data.shape, raw_dtype=GT.Q8_0)
+
+    def f32(name_, n, mean=0.0, scale=0.1):
+        w.add_tensor(name_, (mean + scale * rng.standard_normal(n)).astype(np.float32))
+
+    q8("token_embd.weight", N_VOCAB, E, scale=0.02 if name in ("qwen2", "gemma2") else 0.5)   # tied (qwen2): small, or each
+                                                                                     # token predicts itself
+    if name == "llama3":
+        w.add_tensor("rope_freqs.weight", llama3_rope_factors(HD, ROPE_BASE, LLAMA3_ROPE))
+    for i in range(L):
+        f32(f"blk.{i}.attn_norm.weight", E, mean=1.0)
+        if name == "phi3":                     # fused: [q; k; v] rows
+            q8(f"blk.{i}.attn_qkv.weight", (H + 2 * HK) * HD, E)
+        else:
+            q8(f"blk.{i}.attn_q.weight", H * HD, E)
+            q8(f"blk.{i}.attn_k.weight", HK * HD, E)
+            q8(f"blk.{i}.attn_v.weight", HK * HD, E)
+        q8(f"blk.{i}.attn_output.weight", E, H * HD)
+        if name == "qwen2":
+            f32(f"blk.{i}.attn_q.bias", H * HD, scale=0.2)
+            f32(f"blk.{i}.attn_k.bias", HK * HD, scale=0.2)
+            f32(f"blk.{i}.attn_v.bias", HK * HD, scale=0.2)
+        if name == "qwen3":
+            f32(f"blk.{i}.attn_q_norm.weight", HD, mean=1.0)
+            f32(f"blk.{i}.attn_k_norm.weight", HD, mean=1.0)
+        if name == "gemma2":
+            f32(f"blk.{i}.post_attention_norm.weight", E, mean=1.0)
+            f32(f"blk.{i}.post_ffw_norm.weight", E, mean=1.0)
+        f32(f"blk.{i}.ffn_norm.weight", E, mean=1.0)
+        if name == "phi3":                     # fused: [gate; up] rows
+            q8(f"blk.{i}.ffn_up.weight", 2 * F, E)
+        else:
+            q8(f"blk.{i}.ffn_gate.weight", F, E)
+            q8(f"blk.{i}.ffn_up.weight", F, E)
+        q8(f"blk.{i}.ffn_down.weight", E, F)
+    f32("output_norm.weight", E, mean=1.0)
+    if name not in ("qwen2", "gemma2"):      # Qwen2's small models and Gemma 2 tie the output to the embeddings
+        q8("output.weight", N_VOCAB, E, scale=0.3)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file(progress=False)
+    w.close()
+    return str(path)
+
+
+def prompt_tokens(seed: int = 1, n: int = 48) -> list[int]:
+    """The token ids every reference is recorded on."""
+    return np.random.default_rng(seed).integers(0, N_VOCAB, n).tolist()
