@@ -268,7 +268,8 @@ class CUDABackend(Backend):
         out = cp.empty((n, n_head, d), cp.float32)
         part = cp.empty((n, n_head, n_split, d + 2), cp.float32)     # per chunk: max, sum, output[head_dim]
         q8 = (cp.empty((n, n_head * d), cp.int8), cp.empty((n, n_head * d // 8), cp.float32))  # out as q8_1
-        kernel("attention", f"attention_split<{self._kv_type(cache, layer)}, {attention_head_chunks(d)}>")(
+        kernel("attention", f"attention_split<{self._kv_type(cache, layer)}, {attention_head_chunks(d)}, "
+                            f"{'true' if ctx[4] else 'false'}>")(
             (n, n_head, n_split), (32, 4),
             (q, cache.k[layer], cache.v[layer], out, *self._tail(q, seq_ids, positions, ctx), part,
              self._tickets, *q8, *((k, v) if k is not None else (np.uint64(0),) * 2)))
@@ -279,7 +280,8 @@ class CUDABackend(Backend):
     def _attention_plain(self, q, seq_ids, positions, out, ctx) -> None:
         cache, layer = ctx[:2]
         n, n_head, d = q.shape
-        kernel("attention", f"attention<{self._kv_type(cache, layer)}, {attention_head_chunks(d)}>")(
+        kernel("attention", f"attention<{self._kv_type(cache, layer)}, {attention_head_chunks(d)}, "
+                            f"{'true' if ctx[4] else 'false'}>")(
             (n, n_head), (32,), (q, cache.k[layer], cache.v[layer], out, *self._tail(q, seq_ids, positions, ctx)))
 
     def _attention_run(self, q, seq_ids, positions, ctx):
