@@ -70,6 +70,7 @@ class Runtime:
         if n_ctx is not None and n_ctx < 1:
             raise ValueError("n_ctx must be >= 1")
         self.n_ctx = n_ctx or min(DEFAULT_CTX, self.config.n_ctx_train)
+        self.model.set_context(self.n_ctx)
         self.n_ubatch = n_ubatch
         self.n_seq = n_seq
         self.cache = self.model.new_cache(n_seq, self.n_ctx)

@@ -22,8 +22,8 @@ import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from tiny_archs import (ARCHS, GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP, HD, LLAMA3_ROPE, ROPE_BASE, prompt_tokens,  # noqa: E402
-                        write_arch)
+from tiny_archs import (ARCHS, GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP, HD, LLAMA3_ROPE, LONGROPE_N_ROT,  # noqa: E402
+                        LONGROPE_ORIG_CTX, ROPE_BASE, longrope_factors, prompt_tokens, write_arch)
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "transformers"
 GREEDY_PROMPT, GREEDY_NEW = 8, 16
@@ -40,6 +40,13 @@ def record(name: str, folder: Path) -> dict:
         config.attn_logit_softcapping, config.final_logit_softcapping = GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP
         config.query_pre_attn_scalar = HD
         config.tie_word_embeddings = True
+    if name == "phi3_longrope":          # the loader reads neither LongRoPE's factors nor the partial rotation
+        short, long_ = longrope_factors()
+        config.partial_rotary_factor = LONGROPE_N_ROT / HD
+        config.rope_parameters = {"rope_type": "longrope", "rope_theta": ROPE_BASE, "short_factor": short.tolist(),
+                                  "long_factor": long_.tolist(), "original_max_position_embeddings": LONGROPE_ORIG_CTX,
+                                  "partial_rotary_factor": LONGROPE_N_ROT / HD}
+        config.original_max_position_embeddings = LONGROPE_ORIG_CTX
     if name == "llama3":
         params = {**LLAMA3_ROPE, "rope_theta": ROPE_BASE}
         if hasattr(config, "rope_parameters"):          # transformers 5
@@ -48,13 +55,16 @@ def record(name: str, folder: Path) -> dict:
             config.rope_scaling = params
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, config=config, dtype=torch.float32).eval()
     tokens = prompt_tokens()
+    # LongRoPE: transformers picks the factors by the sequence's length, llama.cpp and the engine by the context, so
+    # the greedy run starts past the original context too
+    n_prompt = LONGROPE_ORIG_CTX + 8 if name == "phi3_longrope" else GREEDY_PROMPT
     with torch.no_grad():
         logits = model(torch.tensor([tokens])).logits[0].float().numpy()
-        out = model.generate(torch.tensor([tokens[:GREEDY_PROMPT]]), max_new_tokens=GREEDY_NEW, do_sample=False,
+        out = model.generate(torch.tensor([tokens[:n_prompt]]), max_new_tokens=GREEDY_NEW, do_sample=False,
                              min_new_tokens=GREEDY_NEW, pad_token_id=0, eos_token_id=None)
-    greedy = out[0, GREEDY_PROMPT:].tolist()
+    greedy = out[0, n_prompt:].tolist()
     np.savez_compressed(OUT / f"{name}.npz", tokens=np.array(tokens, np.int32), logits=logits.astype(np.float32),
-                        greedy=np.array(greedy, np.int32), greedy_prompt=np.int32(GREEDY_PROMPT))
+                        greedy=np.array(greedy, np.int32), greedy_prompt=np.int32(n_prompt))
     return {"model_type": config.model_type, "positions": len(tokens), "greedy": greedy}
 
 

@@ -81,7 +81,7 @@ def test_llama3_rope_factors_matter(files, monkeypatch):
     fail), and with them on."""
     ref = reference("llama3")
     span = float(ref["logits"].max() - ref["logits"].min())
-    monkeypatch.setattr(rope, "freq_factors", lambda model, n_rot: None)
+    monkeypatch.setattr(rope, "freq_factors", lambda *a: None)
     rt = Runtime.load(files["llama3"], device="cpu", exact=True, n_ctx=128)
     off = np.abs(teacher_forced(rt, ref["tokens"].tolist()) - ref["logits"]).max()
     assert off > 1e-2 * span, off / span
@@ -122,30 +122,48 @@ def test_info_and_generate_on_each_file(files, name):
     assert r.returncode == 0 and "generated 8 tokens" in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize("kind", ["yarn", "longrope"])
+@pytest.mark.parametrize("kind", ["yarn", "longrope_half"])
 def test_unsupported_rope_scaling_is_refused(tmp_path, kind):
-    """A file asking for rope scaling the engine does not implement fails to load with one line naming it, rather
-    than running with the wrong frequencies."""
+    """A file asking for rope scaling the engine does not implement (YaRN), or LongRoPE with only one of its factor
+    sets, fails to load with one line naming it, rather than running with the wrong frequencies."""
+    import gguf
     from gguf import GGUFReader, GGUFWriter
     from engine.gguf import GGUFError
-    src = write_arch(tmp_path / "src.gguf", "llama3")
+    src = write_arch(tmp_path / "src.gguf", "llama3" if kind == "yarn" else "phi3_longrope")
     reader = GGUFReader(src)
-    w = GGUFWriter(str(tmp_path / "x.gguf"), "llama")
+    arch = "llama" if kind == "yarn" else "phi3"
+    w = GGUFWriter(str(tmp_path / "x.gguf"), arch)
     for field in reader.fields.values():
         if field.name.startswith("GGUF.") or field.name == "general.architecture":
             continue
         w.add_key_value(field.name, field.contents(), field.types[0],
                         field.types[-1] if field.types[0] == field.types[0].ARRAY else None)
     if kind == "yarn":
-        w.add_rope_scaling_type(__import__("gguf").RopeScalingType.YARN)
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(4.0)
     for t in reader.tensors:
-        w.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
-    if kind == "longrope":
-        w.add_tensor("rope_factors_long.weight", np.ones(32, np.float32))
+        if t.name != "rope_factors_short.weight":
+            w.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file(progress=False)
     w.close()
-    with pytest.raises(GGUFError, match="yarn|LongRoPE"):
+    with pytest.raises(GGUFError, match="'yarn' is not supported|LongRoPE needs both"):
         Runtime.load(str(tmp_path / "x.gguf"), device="cpu", n_ctx=64)
+
+
+def test_longrope_picks_its_factors_by_the_context(files, monkeypatch):
+    """Up to the original context the short factors, above it the long ones (as llama.cpp chooses), and the long
+    run is the one transformers matches (its sequence is past the original context); ignoring the factors is off."""
+    from tiny_archs import LONGROPE_ORIG_CTX, longrope_factors
+    short, long_ = longrope_factors()
+    rt = Runtime.load(files["phi3_longrope"], device="cpu", exact=True, n_ctx=LONGROPE_ORIG_CTX)
+    base = rope.inv_freq(rt.config.n_rot, rt.config.rope_base)
+    np.testing.assert_allclose(rt.model.inv_freq, base / short.astype(np.float64), rtol=1e-12)
+    rt = Runtime.load(files["phi3_longrope"], device="cpu", exact=True, n_ctx=LONGROPE_ORIG_CTX + 1)
+    np.testing.assert_allclose(rt.model.inv_freq, base / long_.astype(np.float64), rtol=1e-12)
+    ref = reference("phi3_longrope")
+    span = float(ref["logits"].max() - ref["logits"].min())
+    monkeypatch.setattr(rope, "freq_factors", lambda *a: None)
+    rt = Runtime.load(files["phi3_longrope"], device="cpu", exact=True, n_ctx=128)
+    assert np.abs(teacher_forced(rt, ref["tokens"].tolist()) - ref["logits"]).max() > 1e-2 * span

@@ -53,7 +53,7 @@ def test_add_rms_norm(backends, post_norm):
 @pytest.mark.parametrize("norm", [False, True])
 def test_rope_qk(backends, neox, norm):
     """q and k in one launch, optionally each head RMS-normed first (Gemma 3), against the numpy backend; plain
-    frequencies and Llama 3's per-pair factors."""
+    frequencies and Llama 3's per-pair factors, LongRoPE's attention factor on the rotated dims."""
     import cupy as cp
     cpu, gpu, _ = backends
     rng = np.random.default_rng()
@@ -63,9 +63,11 @@ def test_rope_qk(backends, neox, norm):
         qn, kn = (rng.standard_normal(hd).astype(np.float32) if norm else None for _ in range(2))
         pos = rng.integers(0, 30000, n).astype(np.int32)
         freqs = inv_freq(n_rot, 10000.0, freq_factors=rng.uniform(1, 8, n_rot // 2) if n % 2 else None)
-        ref_q, ref_k = cpu.rope_qk(q, k, pos, freqs, neox, qn, kn, 1e-6)
+        mscale = 1.3 if n % 2 else 1.0                        # LongRoPE's attention factor
+        ref_q, ref_k = cpu.rope_qk(q, k, pos, freqs, neox, qn, kn, 1e-6, mscale)
         yq, yk = gpu.rope_qk(cp.asarray(q), cp.asarray(k), pos, freqs, neox,
-                             None if qn is None else cp.asarray(qn), None if kn is None else cp.asarray(kn), 1e-6)
+                             None if qn is None else cp.asarray(qn), None if kn is None else cp.asarray(kn), 1e-6,
+                             mscale)
         np.testing.assert_allclose(yq.get(), ref_q, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(yk.get(), ref_k, rtol=1e-5, atol=1e-5)
 
@@ -79,8 +81,9 @@ def test_rope(backends, neox):
         x = rng.standard_normal((n, heads, hd)).astype(np.float32)
         pos = rng.integers(0, 5000, n).astype(np.int32)
         freqs = inv_freq(n_rot, 10000.0, freq_factors=rng.uniform(1, 8, n_rot // 2) if n % 2 else None)
-        y = gpu.rope(cp.asarray(x), pos, freqs, neox).get()
-        np.testing.assert_allclose(y, cpu.rope(x, pos, freqs, neox), rtol=1e-5, atol=1e-5)
+        mscale = 1.3 if n % 2 else 1.0
+        y = gpu.rope(cp.asarray(x), pos, freqs, neox, mscale).get()
+        np.testing.assert_allclose(y, cpu.rope(x, pos, freqs, neox, mscale), rtol=1e-5, atol=1e-5)
 
 
 # (mixed) two sequences in slots 1 and 0: a 6-token prefill continuing at position 3 and a one-token decode at 10,

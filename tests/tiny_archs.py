@@ -17,8 +17,13 @@ ROPE_BASE = 10000.0
 # span the unscaled, smoothed and scaled bands
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}
-ARCHS = ("llama3", "qwen2", "qwen3", "phi3", "gemma2")
-GGUF_ARCH = {"llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "gemma2": "gemma2"}
+ARCHS = ("llama3", "qwen2", "qwen3", "phi3", "phi3_longrope", "gemma2")
+GGUF_ARCH = {"llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "phi3_longrope": "phi3",
+             "gemma2": "gemma2"}
+# Phi-3.5's LongRoPE on a partial rotation (Phi-4-mini's 3/4 of the head): factors for contexts up to
+# LONGROPE_ORIG_CTX and above it; the 48-token references run above it, so the long factors apply
+LONGROPE_ORIG_CTX, LONGROPE_N_ROT = 32, 48
+LONGROPE_ATTN_FACTOR = math.sqrt(1 + math.log(1024 / LONGROPE_ORIG_CTX) / math.log(LONGROPE_ORIG_CTX))
 # Gemma 2's caps and window, small enough that the tiny model's scores and logits reach them
 GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP, GEMMA2_WINDOW = 5.0, 3.0, 16
 
@@ -54,6 +59,12 @@ def vocabulary() -> list[str]:
     return tokens + ["Ġt"] + [f"<pad{i}>" for i in range(len(tokens) + 1, N_VOCAB)]
 
 
+def longrope_factors() -> tuple[np.ndarray, np.ndarray]:
+    """(short, long) LongRoPE factors of the tiny rotation: short near 1, long growing to 8 (as Phi-3.5's do)."""
+    i = np.arange(LONGROPE_N_ROT // 2, dtype=np.float64) / (LONGROPE_N_ROT // 2)
+    return (1.0 + 0.2 * i).astype(np.float32), (1.0 + 7.0 * i ** 2).astype(np.float32)
+
+
 def write_arch(path, name: str, seed: int = 0) -> str:
     """A 2-layer file of architecture `name` (ARCHS) at `path`; returns the path."""
     rng = np.random.default_rng(seed)
@@ -67,10 +78,13 @@ def write_arch(path, name: str, seed: int = 0) -> str:
     w.add_head_count_kv(HK)
     w.add_key_length(HD)
     w.add_value_length(HD)
-    w.add_rope_dimension_count(HD)
+    w.add_rope_dimension_count(LONGROPE_N_ROT if name == "phi3_longrope" else HD)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(ROPE_BASE)
     w.add_vocab_size(N_VOCAB)
+    if name == "phi3_longrope":
+        w.add_rope_scaling_orig_ctx_len(LONGROPE_ORIG_CTX)
+        w.add_rope_scaling_attn_factors(LONGROPE_ATTN_FACTOR)
     if name == "gemma2":
         w.add_attn_logit_softcapping(GEMMA2_ATTN_CAP)
         w.add_final_logit_softcapping(GEMMA2_FINAL_CAP)
@@ -92,9 +106,13 @@ def write_arch(path, name: str, seed: int = 0) -> str:
                                                                                      # token predicts itself
     if name == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(HD, ROPE_BASE, LLAMA3_ROPE))
+    if name == "phi3_longrope":
+        short, long_ = longrope_factors()
+        w.add_tensor("rope_factors_short.weight", short)
+        w.add_tensor("rope_factors_long.weight", long_)
     for i in range(L):
         f32(f"blk.{i}.attn_norm.weight", E, mean=1.0)
-        if name == "phi3":                     # fused: [q; k; v] rows
+        if name.startswith("phi3"):            # fused: [q; k; v] rows
             q8(f"blk.{i}.attn_qkv.weight", (H + 2 * HK) * HD, E)
         else:
             q8(f"blk.{i}.attn_q.weight", H * HD, E)
@@ -112,7 +130,7 @@ def write_arch(path, name: str, seed: int = 0) -> str:
             f32(f"blk.{i}.post_attention_norm.weight", E, mean=1.0)
             f32(f"blk.{i}.post_ffw_norm.weight", E, mean=1.0)
         f32(f"blk.{i}.ffn_norm.weight", E, mean=1.0)
-        if name == "phi3":                     # fused: [gate; up] rows
+        if name.startswith("phi3"):            # fused: [gate; up] rows
             q8(f"blk.{i}.ffn_up.weight", 2 * F, E)
         else:
             q8(f"blk.{i}.ffn_gate.weight", F, E)

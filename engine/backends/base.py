@@ -116,9 +116,10 @@ class Backend:
         s = self.add(x, r)
         return s, self.rms_norm(s, w, eps)
 
-    def rope(self, x, positions: np.ndarray, inv_freq: np.ndarray, neox: bool):
+    def rope(self, x, positions: np.ndarray, inv_freq: np.ndarray, neox: bool, mscale: float = 1.0):
         """x: [n, heads, head_dim]: the first 2 len(inv_freq) dims rotated, pair i by position * inv_freq[i]
-        (engine/model/rope.py; float64, kept by the model); adjacent pairs, or halves (neox)."""
+        (engine/model/rope.py; float64, kept by the model); adjacent pairs, or halves (neox); the rotated dims
+        times mscale (LongRoPE's attention factor)."""
         raise NotImplementedError
 
     def attention(self, q, k, v, cache, layer: int, batch: Batch, scale: float, window: int | None,
@@ -128,13 +129,13 @@ class Backend:
         raise NotImplementedError
 
     def rope_qk(self, q, k, positions: np.ndarray, inv_freq: np.ndarray, neox: bool, q_norm=None, k_norm=None,
-                eps: float = 0.0):
+                eps: float = 0.0, mscale: float = 1.0):
         """rope of q and k, each head first RMS-normed with q_norm / k_norm when given -> (q, k)."""
         if q_norm is not None:
             q = self.rms_norm(q, q_norm, eps)
         if k_norm is not None:
             k = self.rms_norm(k, k_norm, eps)
-        return self.rope(q, positions, inv_freq, neox), self.rope(k, positions, inv_freq, neox)
+        return self.rope(q, positions, inv_freq, neox, mscale), self.rope(k, positions, inv_freq, neox, mscale)
 
     def kv_cache(self, n_layer: int, n_seq: int, n_ctx: int, n_head_kv: int, head_dim: int):
         raise NotImplementedError

@@ -33,12 +33,12 @@ class CPUBackend(Backend):
         ms = np.mean(np.square(x), axis=-1, keepdims=True)
         return (x / np.sqrt(ms + eps)) * w
 
-    def rope(self, x, positions, inv_freq, neox):
+    def rope(self, x, positions, inv_freq, neox, mscale=1.0):
         half = len(inv_freq)
         n_rot = 2 * half
         angle = positions.astype(np.float64)[:, None] * inv_freq[None, :]           # [n, half]
-        cos = np.cos(angle).astype(self.dtype)[:, None, :]                          # [n, 1, half]
-        sin = np.sin(angle).astype(self.dtype)[:, None, :]
+        cos = (np.cos(angle) * mscale).astype(self.dtype)[:, None, :]               # [n, 1, half]
+        sin = (np.sin(angle) * mscale).astype(self.dtype)[:, None, :]
         out = x.copy()
         if neox:
             a, b = x[..., :half], x[..., half:n_rot]

@@ -155,10 +155,10 @@ class CUDABackend(Backend):
                 (x, r, r_norm if r_norm is not None else np.uint64(0), w, s, y, *q8, np.int32(d), np.float32(eps)))
         return s, y
 
-    def rope_qk(self, q, k, positions, inv_freq, neox, q_norm=None, k_norm=None, eps=0.0):
+    def rope_qk(self, q, k, positions, inv_freq, neox, q_norm=None, k_norm=None, eps=0.0, mscale=1.0):
         n, n_head, d = q.shape
         if d % 64 or d > 256 or n == 0:
-            return super().rope_qk(q, k, positions, inv_freq, neox, q_norm, k_norm, eps)
+            return super().rope_qk(q, k, positions, inv_freq, neox, q_norm, k_norm, eps, mscale)
         q = cp.ascontiguousarray(q, dtype=cp.float32)
         k = cp.ascontiguousarray(k, dtype=cp.float32)
         yq, yk = cp.empty_like(q), cp.empty_like(k)
@@ -168,10 +168,10 @@ class CUDABackend(Backend):
                                   (q, k, yq, yk, q_norm if q_norm is not None else null,
                                    k_norm if k_norm is not None else null, self._dev_f64(inv_freq), self._dev(positions),
                                    np.int32(n_head), np.int32(k.shape[1]), np.int32(d), np.int32(n_rot),
-                                   np.int32(1 if neox else 0), np.float32(eps)))
+                                   np.int32(1 if neox else 0), np.float32(eps), np.float32(mscale)))
         return yq, yk
 
-    def rope(self, x, positions, inv_freq, neox):
+    def rope(self, x, positions, inv_freq, neox, mscale=1.0):
         x = cp.ascontiguousarray(x, dtype=cp.float32)
         n, heads, head_dim = x.shape
         y = cp.empty_like(x)
@@ -179,7 +179,8 @@ class CUDABackend(Backend):
         if pairs:
             kernel("rope", "rope")(((pairs + 255) // 256,), (256,),
                                    (x, y, self._dev(positions), np.int32(n), np.int32(heads), np.int32(head_dim),
-                                    np.int32(2 * len(inv_freq)), self._dev_f64(inv_freq), np.int32(1 if neox else 0)))
+                                    np.int32(2 * len(inv_freq)), self._dev_f64(inv_freq), np.int32(1 if neox else 0),
+                                    np.float32(mscale)))
         return y
 
     def kv_cache(self, n_layer, n_seq, n_ctx, n_head_kv, head_dim):

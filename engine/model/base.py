@@ -84,6 +84,9 @@ class Transformer:
         return SimpleNamespace(**{attr: self.weight(f"blk.{il}.{suffix}", shape)
                                   for attr, (suffix, shape) in names.items()})
 
+    def set_context(self, n_ctx: int) -> None:
+        """The context the runtime sizes its cache for (LongRoPE picks its factors by it); before the first forward."""
+
     def new_cache(self, n_seq: int, n_ctx: int):
         c = self.cfg
         return self.B.kv_cache(c.n_layer, n_seq, n_ctx, c.n_head_kv, c.head_dim)

@@ -20,8 +20,13 @@ class Llama(Transformer):
         c = config
         self.load_embeddings()
         self.layers = [self.load_block(il) for il in range(c.n_layer)]
+        self.set_context(None)
+        self.rope_mscale = c.rope_scaling.attn_factor                  # cos, sin times it (LongRoPE)
+
+    def set_context(self, n_ctx: int | None) -> None:
+        c = self.cfg
         self.inv_freq = rope.inv_freq(c.n_rot, c.rope_base, c.rope_scaling,
-                                      rope.freq_factors(self, c.n_rot))          # [n_rot / 2] f64
+                                      rope.freq_factors(self, c.n_rot, n_ctx))   # [n_rot / 2] f64
 
     def load_block(self, il: int):
         """Layer il's weights: a namespace with the attributes forward() reads."""
@@ -48,7 +53,7 @@ class Llama(Transformer):
             k = k.reshape(n, c.n_head_kv, c.head_dim)                         # k: [n, n_head_kv, head_dim]
             v = v.reshape(n, c.n_head_kv, c.head_dim)                         # v: [n, n_head_kv, head_dim]
             norms = dict(q_norm=L.q_norm, k_norm=L.k_norm, eps=c.rms_eps) if self.QK_NORM else {}
-            q, k = B.rope_qk(q, k, batch.positions, self.inv_freq, neox=self.NEOX, **norms)
+            q, k = B.rope_qk(q, k, batch.positions, self.inv_freq, neox=self.NEOX, mscale=self.rope_mscale, **norms)
             a = B.attention(q, k, v, cache, il, batch, 1.0 / math.sqrt(c.head_dim), c.sliding_window)
             x, h = B.add_rms_norm(x, B.mul_mat(L.wo, a), L.ffn_norm, c.rms_eps)   # a: [n, n_head*head_dim]
             f = B.glu(L.gate, L.up, h, "silu")                                # f: [n, n_ff]

@@ -2,9 +2,11 @@
 
     inv_freq[i] = base^(-2i / n_rot) / scale_i,   i < n_rot / 2
 
-scale_i is 1, the linear factor (`rope.scaling.type` "linear": positions divided by it), or Llama 3's per-pair factor
-(the `rope_freqs.weight` tensor the converter writes from `rope_type: llama3`). The backends rotate pair i of a head
-by position * inv_freq[i] (`Backend.rope`, `rope_qk`), so every variant is only this array.
+scale_i is 1, the linear factor (`rope.scaling.type` "linear": positions divided by it), Llama 3's per-pair factor
+(the `rope_freqs.weight` tensor the converter writes from `rope_type: llama3`), or LongRoPE's (Phi-3.5, Phi-4-mini:
+`rope_factors_short.weight` up to the original context, `rope_factors_long.weight` for a longer one, as llama.cpp
+chooses by the context size), whose cos and sin are also multiplied by `rope.scaling.attn_factor`. The backends rotate
+pair i of a head by position * inv_freq[i] (`Backend.rope`, `rope_qk`, with that mscale).
 """
 from __future__ import annotations
 
@@ -19,8 +21,10 @@ SCALING_TYPES = ("none", "linear")
 
 @dataclass(frozen=True)
 class RopeScaling:
-    kind: str = "none"          # "none" or "linear" (yarn and longrope: refused with a clear error)
+    kind: str = "none"          # "none" or "linear" (yarn: refused with a clear error)
     factor: float = 1.0         # positions are divided by it ("linear")
+    attn_factor: float = 1.0    # cos and sin times it (LongRoPE)
+    orig_ctx: int = 0           # the context the long factors start above (LongRoPE; 0: not given)
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "RopeScaling":
@@ -28,12 +32,14 @@ class RopeScaling:
         if not isinstance(kind, str):
             raise GGUFError(f"{f.path}: rope.scaling.type is not a string")
         factor = f.number("rope.scaling.factor", 1e-6, 1e6, 1.0)
+        attn_factor = f.number("rope.scaling.attn_factor", 1e-6, 1e6, 1.0)
+        orig_ctx = f.integer("rope.scaling.original_context_length", 0, 1 << 24, default=0)
         if kind in ("none", "") or factor == 1.0:
-            return cls()
+            return cls(attn_factor=attn_factor, orig_ctx=orig_ctx)
         if kind not in SCALING_TYPES:
             raise GGUFError(f"{f.path}: rope scaling '{quoted(kind)}' is not supported "
                             f"(supported: {', '.join(SCALING_TYPES)})")
-        return cls(kind, factor)
+        return cls(kind, factor, attn_factor, orig_ctx)
 
 
 def inv_freq(n_rot: int, base: float, scaling: RopeScaling = RopeScaling(),
@@ -47,18 +53,24 @@ def inv_freq(n_rot: int, base: float, scaling: RopeScaling = RopeScaling(),
     return f
 
 
-def freq_factors(model, n_rot: int) -> np.ndarray | None:
-    """The file's `rope_freqs.weight` ([n_rot / 2] per-pair divisors, Llama 3.1+), or None."""
-    if "rope_factors_long.weight" in model.gguf.tensors or "rope_factors_short.weight" in model.gguf.tensors:
-        raise GGUFError(f"{model.gguf.path}: LongRoPE scaling (rope_factors_long / rope_factors_short) is not "
-                        f"supported (supported: {', '.join(SCALING_TYPES)}, and Llama 3's rope_freqs)")
-    info = model.gguf.tensors.get("rope_freqs.weight")
-    if info is None:
+def freq_factors(model, n_rot: int, n_ctx: int | None = None) -> np.ndarray | None:
+    """The file's per-pair divisors ([n_rot / 2]): `rope_freqs.weight` (Llama 3.1+), or LongRoPE's short factors
+    (long ones where n_ctx is above the original context); None without them."""
+    names = [name for name in ("rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight")
+             if name in model.gguf.tensors]
+    if not names:
         return None
+    name = names[0]
+    if name != "rope_freqs.weight":
+        if "rope_factors_short.weight" not in names or "rope_factors_long.weight" not in names:
+            raise GGUFError(f"{model.gguf.path}: LongRoPE needs both rope_factors_short and rope_factors_long")
+        orig = model.cfg.rope_scaling.orig_ctx or model.cfg.n_ctx_train
+        name = "rope_factors_long.weight" if n_ctx is not None and n_ctx > orig else "rope_factors_short.weight"
+    info = model.gguf.tensors[name]
     if info.np_shape != (n_rot // 2,):
-        raise GGUFError(f"{model.gguf.path}: rope_freqs.weight has shape {list(info.np_shape)}, expected [{n_rot // 2}]")
+        raise GGUFError(f"{model.gguf.path}: {name} has shape {list(info.np_shape)}, expected [{n_rot // 2}]")
     from ..quants import dequantize
-    factors = dequantize(model.gguf.tensor_data("rope_freqs.weight"), info.type, info.np_shape).astype(np.float64)
+    factors = dequantize(model.gguf.tensor_data(name), info.type, info.np_shape).astype(np.float64)
     if not np.all(np.isfinite(factors)) or np.any(factors <= 0):
-        raise GGUFError(f"{model.gguf.path}: rope_freqs.weight holds a factor that is not a positive number")
+        raise GGUFError(f"{model.gguf.path}: {name} holds a factor that is not a positive number")
     return factors
