@@ -122,24 +122,23 @@ def test_info_and_generate_on_each_file(files, name):
     assert r.returncode == 0 and "generated 8 tokens" in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize("kind", ["yarn", "longrope_half"])
+@pytest.mark.parametrize("kind", ["dynamic", "longrope_half"])
 def test_unsupported_rope_scaling_is_refused(tmp_path, kind):
-    """A file asking for rope scaling the engine does not implement (YaRN), or LongRoPE with only one of its factor
-    sets, fails to load with one line naming it, rather than running with the wrong frequencies."""
-    import gguf
+    """A file asking for rope scaling the engine does not implement (dynamic NTK), or LongRoPE with only one of its
+    factor sets, fails to load with one line naming it, rather than running with the wrong frequencies."""
     from gguf import GGUFReader, GGUFWriter
     from engine.gguf import GGUFError
-    src = write_arch(tmp_path / "src.gguf", "llama3" if kind == "yarn" else "phi3_longrope")
+    src = write_arch(tmp_path / "src.gguf", "llama3" if kind == "dynamic" else "phi3_longrope")
     reader = GGUFReader(src)
-    arch = "llama" if kind == "yarn" else "phi3"
+    arch = "llama" if kind == "dynamic" else "phi3"
     w = GGUFWriter(str(tmp_path / "x.gguf"), arch)
     for field in reader.fields.values():
         if field.name.startswith("GGUF.") or field.name == "general.architecture":
             continue
         w.add_key_value(field.name, field.contents(), field.types[0],
                         field.types[-1] if field.types[0] == field.types[0].ARRAY else None)
-    if kind == "yarn":
-        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    if kind == "dynamic":
+        w.add_string("llama.rope.scaling.type", "dynamic")
         w.add_rope_scaling_factor(4.0)
     for t in reader.tensors:
         if t.name != "rope_factors_short.weight":
@@ -148,7 +147,7 @@ def test_unsupported_rope_scaling_is_refused(tmp_path, kind):
     w.write_kv_data_to_file()
     w.write_tensors_to_file(progress=False)
     w.close()
-    with pytest.raises(GGUFError, match="'yarn' is not supported|LongRoPE needs both"):
+    with pytest.raises(GGUFError, match="'dynamic' is not supported|LongRoPE needs both"):
         Runtime.load(str(tmp_path / "x.gguf"), device="cpu", n_ctx=64)
 
 
@@ -166,4 +165,14 @@ def test_longrope_picks_its_factors_by_the_context(files, monkeypatch):
     span = float(ref["logits"].max() - ref["logits"].min())
     monkeypatch.setattr(rope, "freq_factors", lambda *a: None)
     rt = Runtime.load(files["phi3_longrope"], device="cpu", exact=True, n_ctx=128)
+    assert np.abs(teacher_forced(rt, ref["tokens"].tolist()) - ref["logits"]).max() > 1e-2 * span
+
+
+def test_yarn_matters(files, monkeypatch):
+    """Without YaRN's blend and attention factor the tiny Qwen 2 is measurably off transformers' yarn."""
+    from engine.model.rope import RopeScaling
+    ref = reference("qwen2_yarn")
+    span = float(ref["logits"].max() - ref["logits"].min())
+    monkeypatch.setattr(RopeScaling, "from_gguf", classmethod(lambda cls, f: cls()))
+    rt = Runtime.load(files["qwen2_yarn"], device="cpu", exact=True, n_ctx=128)
     assert np.abs(teacher_forced(rt, ref["tokens"].tolist()) - ref["logits"]).max() > 1e-2 * span

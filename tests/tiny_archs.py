@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 from gguf import GGMLQuantizationType as GT
-from gguf import GGUFWriter
+from gguf import GGUFWriter, RopeScalingType
 from gguf import quants as gq
 
 N_VOCAB = 320
@@ -17,9 +17,11 @@ ROPE_BASE = 10000.0
 # span the unscaled, smoothed and scaled bands
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}
-ARCHS = ("llama3", "qwen2", "qwen3", "phi3", "phi3_longrope", "gemma2")
-GGUF_ARCH = {"llama3": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "phi3_longrope": "phi3",
-             "gemma2": "gemma2"}
+ARCHS = ("llama3", "qwen2", "qwen2_yarn", "qwen3", "phi3", "phi3_longrope", "gemma2")
+GGUF_ARCH = {"llama3": "llama", "qwen2": "qwen2", "qwen2_yarn": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
+             "phi3_longrope": "phi3", "gemma2": "gemma2"}
+# YaRN (Qwen 2.5's long-context setting) with an original context short enough that the 48-token references cross it
+YARN_FACTOR, YARN_ORIG_CTX = 4.0, 16
 # Phi-3.5's LongRoPE on a partial rotation (Phi-4-mini's 3/4 of the head): factors for contexts up to
 # LONGROPE_ORIG_CTX and above it; the 48-token references run above it, so the long factors apply
 LONGROPE_ORIG_CTX, LONGROPE_N_ROT = 32, 48
@@ -82,6 +84,10 @@ def write_arch(path, name: str, seed: int = 0) -> str:
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(ROPE_BASE)
     w.add_vocab_size(N_VOCAB)
+    if name == "qwen2_yarn":
+        w.add_rope_scaling_type(RopeScalingType.YARN)
+        w.add_rope_scaling_factor(YARN_FACTOR)
+        w.add_rope_scaling_orig_ctx_len(YARN_ORIG_CTX)
     if name == "phi3_longrope":
         w.add_rope_scaling_orig_ctx_len(LONGROPE_ORIG_CTX)
         w.add_rope_scaling_attn_factors(LONGROPE_ATTN_FACTOR)
@@ -102,7 +108,7 @@ def write_arch(path, name: str, seed: int = 0) -> str:
     def f32(name_, n, mean=0.0, scale=0.1):
         w.add_tensor(name_, (mean + scale * rng.standard_normal(n)).astype(np.float32))
 
-    q8("token_embd.weight", N_VOCAB, E, scale=0.02 if name in ("qwen2", "gemma2") else 0.5)   # tied (qwen2): small, or each
+    q8("token_embd.weight", N_VOCAB, E, scale=0.02 if name in ("qwen2", "qwen2_yarn", "gemma2") else 0.5)   # tied (qwen2): small, or each
                                                                                      # token predicts itself
     if name == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(HD, ROPE_BASE, LLAMA3_ROPE))
@@ -119,7 +125,7 @@ def write_arch(path, name: str, seed: int = 0) -> str:
             q8(f"blk.{i}.attn_k.weight", HK * HD, E)
             q8(f"blk.{i}.attn_v.weight", HK * HD, E)
         q8(f"blk.{i}.attn_output.weight", E, H * HD)
-        if name == "qwen2":
+        if name.startswith("qwen2"):
             f32(f"blk.{i}.attn_q.bias", H * HD, scale=0.2)
             f32(f"blk.{i}.attn_k.bias", HK * HD, scale=0.2)
             f32(f"blk.{i}.attn_v.bias", HK * HD, scale=0.2)
@@ -137,7 +143,7 @@ def write_arch(path, name: str, seed: int = 0) -> str:
             q8(f"blk.{i}.ffn_up.weight", F, E)
         q8(f"blk.{i}.ffn_down.weight", E, F)
     f32("output_norm.weight", E, mean=1.0)
-    if name not in ("qwen2", "gemma2"):      # Qwen2's small models and Gemma 2 tie the output to the embeddings
+    if name not in ("qwen2", "qwen2_yarn", "gemma2"):   # Qwen2's small models, Gemma 2: output tied to embeddings
         q8("output.weight", N_VOCAB, E, scale=0.3)
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -33,7 +33,7 @@ class Gemma2(Transformer):
             q = q.reshape(n, c.n_head, c.head_dim)                            # q: [n, n_head, head_dim]
             k = k.reshape(n, c.n_head_kv, c.head_dim)                         # k: [n, n_head_kv, head_dim]
             v = v.reshape(n, c.n_head_kv, c.head_dim)                         # v: [n, n_head_kv, head_dim]
-            q, k = B.rope_qk(q, k, batch.positions, self.inv_freq, neox=True)
+            q, k = B.rope_qk(q, k, batch.positions, self.inv_freq, neox=True, mscale=c.rope_scaling.mscale)
             window = c.sliding_window if il % 2 == 0 else None
             a = B.attention(q, k, v, cache, il, batch, self.q_scale, window, self.attn_cap)   # [n, n_head*head_dim]
             x, h = B.add_rms_norm(x, B.mul_mat(L.wo, a), L.ffn_norm, c.rms_eps, r_norm=L.post_attn_norm)

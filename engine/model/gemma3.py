@@ -42,6 +42,7 @@ class Gemma3(Transformer):
             k = k.reshape(n, c.n_head_kv, c.head_dim)                         # k: [n, n_head_kv, head_dim]
             v = v.reshape(n, c.n_head_kv, c.head_dim)                         # v: [n, n_head_kv, head_dim]
             q, k = B.rope_qk(q, k, batch.positions, inv_freq, neox=True, q_norm=L.q_norm, k_norm=L.k_norm,
+                             mscale=1.0 if sliding else c.rope_scaling.mscale,
                              eps=c.rms_eps)
             window = c.sliding_window if sliding else None
             a = B.attention(q, k, v, cache, il, batch, 1.0 / math.sqrt(c.head_dim), window)  # a: [n, n_head*head_dim]

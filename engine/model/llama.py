@@ -21,7 +21,7 @@ class Llama(Transformer):
         self.load_embeddings()
         self.layers = [self.load_block(il) for il in range(c.n_layer)]
         self.set_context(None)
-        self.rope_mscale = c.rope_scaling.attn_factor                  # cos, sin times it (LongRoPE)
+        self.rope_mscale = c.rope_scaling.mscale                        # cos, sin times it (LongRoPE, YaRN)
 
     def set_context(self, n_ctx: int | None) -> None:
         c = self.cfg

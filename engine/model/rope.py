@@ -5,26 +5,37 @@
 scale_i is 1, the linear factor (`rope.scaling.type` "linear": positions divided by it), Llama 3's per-pair factor
 (the `rope_freqs.weight` tensor the converter writes from `rope_type: llama3`), or LongRoPE's (Phi-3.5, Phi-4-mini:
 `rope_factors_short.weight` up to the original context, `rope_factors_long.weight` for a longer one, as llama.cpp
-chooses by the context size), whose cos and sin are also multiplied by `rope.scaling.attn_factor`. The backends rotate
-pair i of a head by position * inv_freq[i] (`Backend.rope`, `rope_qk`, with that mscale).
+chooses by the context size), whose cos and sin are also multiplied by `rope.scaling.attn_factor`; YaRN (Qwen 2.5 / 3
+long-context files) blends the interpolated base^(-2i/n_rot) / factor into the original frequencies over a ramp of
+pairs set by the original context (beta_fast 32, beta_slow 1) and scales cos and sin by 1 + 0.1 ln(factor). The
+backends rotate pair i of a head by position * inv_freq[i] (`Backend.rope`, `rope_qk`, with that mscale).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..gguf import GGUFError, GGUFFile, quoted
 
-SCALING_TYPES = ("none", "linear")
+SCALING_TYPES = ("none", "linear", "yarn", "longrope")   # longrope: its factors are tensors (freq_factors)
+YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0
 
 
 @dataclass(frozen=True)
 class RopeScaling:
-    kind: str = "none"          # "none" or "linear" (yarn: refused with a clear error)
+    kind: str = "none"          # SCALING_TYPES
     factor: float = 1.0         # positions are divided by it ("linear")
     attn_factor: float = 1.0    # cos and sin times it (LongRoPE)
-    orig_ctx: int = 0           # the context the long factors start above (LongRoPE; 0: not given)
+    orig_ctx: int = 0           # the pretraining context (YaRN's ramp; LongRoPE's long factors start above it)
+
+    @property
+    def mscale(self) -> float:
+        """What the rotated dims' cos and sin are multiplied by."""
+        if self.kind == "yarn" and self.factor > 1.0:
+            return self.attn_factor * (1.0 + 0.1 * math.log(self.factor))
+        return self.attn_factor
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "RopeScaling":
@@ -36,6 +47,8 @@ class RopeScaling:
         orig_ctx = f.integer("rope.scaling.original_context_length", 0, 1 << 24, default=0)
         if kind in ("none", "") or factor == 1.0:
             return cls(attn_factor=attn_factor, orig_ctx=orig_ctx)
+        if kind == "yarn" and orig_ctx == 0:
+            raise GGUFError(f"{f.path}: YaRN scaling without rope.scaling.original_context_length")
         if kind not in SCALING_TYPES:
             raise GGUFError(f"{f.path}: rope scaling '{quoted(kind)}' is not supported "
                             f"(supported: {', '.join(SCALING_TYPES)})")
@@ -48,6 +61,13 @@ def inv_freq(n_rot: int, base: float, scaling: RopeScaling = RopeScaling(),
     f = base ** (-np.arange(n_rot // 2, dtype=np.float64) * 2.0 / n_rot)
     if scaling.kind == "linear":
         f = f / scaling.factor
+    if scaling.kind == "yarn":
+        def pair_of(rotations):            # the pair that turns `rotations` times over the original context
+            return n_rot * math.log(scaling.orig_ctx / (rotations * 2 * math.pi)) / (2 * math.log(base))
+        lo = max(math.floor(pair_of(YARN_BETA_FAST)), 0)
+        hi = min(math.ceil(pair_of(YARN_BETA_SLOW)), n_rot - 1)
+        ramp = np.clip((np.arange(n_rot // 2) - lo) / max(hi - lo, 0.001), 0.0, 1.0)
+        f = f / scaling.factor * ramp + f * (1.0 - ramp)
     if freq_factors is not None:
         f = f / np.asarray(freq_factors, dtype=np.float64)
     return f
