@@ -22,7 +22,7 @@ from typing import Callable
 import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine import __version__
@@ -41,6 +41,7 @@ from .tools import ToolError, call_grammar, parse_calls, prompt_messages, templa
 
 MAX_CACHED_GRAMMARS = 64       # compiled structured-output grammars kept (the oldest dropped first)
 
+CHAT_PAGE = Path(__file__).parent / "static" / "chat.html"
 log = logging.getLogger("engine.server")
 
 
@@ -161,7 +162,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         """/health is open; /metrics asks for --metrics-key when one is set, nothing otherwise; the rest for the API
         key when one is set."""
         path = request.url.path
-        if path == "/health":
+        if path in ("/health", "/"):                  # the chat page asks for the key itself
             return False
         if path == "/metrics":
             return bool(cfg.metrics_key) and not key_ok(request, cfg.metrics_key)
@@ -197,6 +198,11 @@ def create_app(cfg: ServerConfig) -> FastAPI:
             raise APIError(400, f"'{refused[0]}': {refused[1]}", refused[0])
 
     # -- plain endpoints ---------------------------------------------------------------------------------------
+    @app.get("/")
+    async def chat_page():
+        """A chat page (static HTML/JS) streaming through /v1/chat/completions."""
+        return HTMLResponse(CHAT_PAGE.read_text(encoding="utf-8"))
+
     @app.get("/health")
     async def health(request: Request):
         e = state["engine"]
