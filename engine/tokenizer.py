@@ -27,6 +27,14 @@ from .gguf import GGUFFile, quoted
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 
+# Fill-in-the-middle tokens by their usual texts (StarCoder, Qwen 2.5 Coder, CodeLlama, DeepSeek Coder, Codestral)
+FIM_TOKEN_TEXTS = {
+    "pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "▁<PRE>", "<｜fim▁begin｜>", "[PREFIX]"),
+    "suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "▁<SUF>", "<｜fim▁hole｜>", "[SUFFIX]"),
+    "mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "▁<MID>", "<｜fim▁end｜>", "[MIDDLE]"),
+    "sep": ("<|file_sep|>", "<file_sep>", "<file-sep>"),
+}
+
 class TokenizerError(ValueError):
     pass
 
@@ -107,6 +115,7 @@ class Tokenizer:
             self.token_to_id.setdefault(t, i)
         self.bos_id = self._token_id(gguf, "bos")
         self.eos_id = self._token_id(gguf, "eos")
+        self.fim = {part: self._fim_id(gguf, part) for part in FIM_TOKEN_TEXTS}   # fill-in-the-middle ids or None
         self.eot_id = self._token_id(gguf, "eot")
         self.unk_id = self._token_id(gguf, "unknown")
         self.pad_id = self._token_id(gguf, "padding")
@@ -188,6 +197,14 @@ class Tokenizer:
             shown = int(value) if isinstance(value, (int, np.integer)) else type(value).__name__
             raise TokenizerError(f"{gguf.path}: {key} {shown} is outside the vocabulary (0..{len(self.tokens) - 1})")
         return int(value)
+
+    def _fim_id(self, gguf: GGUFFile, part: str) -> int | None:
+        """A fill-in-the-middle token: tokenizer.ggml.fim_<part>_token_id, else one of the usual texts in the
+        vocabulary (as llama.cpp looks them up)."""
+        tid = self._token_id(gguf, f"fim_{part}")
+        if tid is None:
+            tid = next((self.token_to_id[t] for t in FIM_TOKEN_TEXTS[part] if t in self.token_to_id), None)
+        return tid
 
     @property
     def n_vocab(self) -> int:

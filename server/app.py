@@ -35,8 +35,8 @@ from .client import ChoiceDelta, CoreConfig, EngineClient, EngineUnavailable, Ge
 from .core import run_core
 from .messages import AddRequest
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, ServerMetrics
-from .protocol import (APIError, ChatRequest, CompletionRequest, DetokenizeRequest, LlamaCompletionRequest,
-                       TokenizeRequest)
+from .protocol import (APIError, ChatRequest, CompletionRequest, DetokenizeRequest, InfillRequest,
+                       LlamaCompletionRequest, TokenizeRequest)
 from .tools import ToolError, call_grammar, parse_calls, prompt_messages, template_knows_tools, tool_spec
 
 MAX_CACHED_GRAMMARS = 64       # compiled structured-output grammars kept (the oldest dropped first)
@@ -472,7 +472,6 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         e = engine()
         check_model(body.model)
         check_fields(body)
-        body.n = 1
         tok = state["tokenizer"]
         if isinstance(body.prompt, str):
             limit_prompt(body.prompt)
@@ -480,6 +479,46 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         else:
             prompt = list(body.prompt)
             check_ids(prompt, "prompt")
+        return await llama_generate(body, prompt, request, e, t0)
+
+    @app.post("/infill")
+    async def infill(body: InfillRequest, request: Request):
+        """llama-server's fill-in-the-middle: [extra files] <PRE> prefix <SUF> suffix <MID> prompt, generated on as
+        /completion; a 400 naming the missing tokens where the model has none."""
+        t0 = time.monotonic()
+        e = engine()
+        check_model(body.model)
+        check_fields(body)
+        tok = state["tokenizer"]
+        missing = [f"fim_{p}" for p in ("pre", "suf", "mid") if tok.fim[p] is None]
+        if missing:
+            raise APIError(400, f"this model has no fill-in-the-middle tokens ({', '.join(missing)} not in its "
+                                "vocabulary): /infill needs a code model that has them")
+        texts = [body.input_prefix, body.input_suffix] + [c.filename + c.text for c in body.input_extra]
+        if isinstance(body.prompt, str):
+            texts.append(body.prompt)
+        limit_prompt("".join(texts))
+
+        def build() -> list[int]:
+            ids = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
+            for chunk in body.input_extra:                 # other files first: <file_sep>name\ntext, or the text
+                if tok.fim["sep"] is not None:
+                    ids += [tok.fim["sep"]] + tok.encode(f"{chunk.filename}\n{chunk.text}", add_special=False)
+                else:
+                    ids += tok.encode(chunk.text, add_special=False)
+            ids += [tok.fim["pre"]] + tok.encode(body.input_prefix, add_special=False)
+            ids += [tok.fim["suf"]] + tok.encode(body.input_suffix, add_special=False) + [tok.fim["mid"]]
+            return ids + (tok.encode(body.prompt, add_special=False) if isinstance(body.prompt, str)
+                          else list(body.prompt))
+        prompt = await blocking(build)
+        if not isinstance(body.prompt, str):
+            check_ids(prompt, "prompt")
+        return await llama_generate(body, prompt, request, e, t0)
+
+    async def llama_generate(body: LlamaCompletionRequest, prompt: list[int], request: Request, e, t0: float):
+        """The rest of /completion and /infill: generate on from the prompt ids, answered llama-server's way."""
+        body.n = 1
+        tok = state["tokenizer"]
         max_tokens = body.n_predict if body.n_predict >= 0 else max(1, e.check().n_ctx - len(prompt))
         mc = start(e, body, prompt, max_tokens, body.n_probs or None, await grammar_of(body))
         request.state.logs_itself = True

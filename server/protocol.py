@@ -180,6 +180,21 @@ class LlamaCompletionRequest(_Sampling):
         return v
 
 
+class InfillChunk(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    filename: str = Field(default="", max_length=4096)
+    text: str = ""
+
+
+class InfillRequest(LlamaCompletionRequest):
+    """llama-server's /infill: fill in between input_prefix and input_suffix (the model's fill-in-the-middle tokens),
+    with other files' text as context (input_extra) and the start of the middle (prompt)."""
+    prompt: str | list[int] = ""
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: list[InfillChunk] = Field(default_factory=list, max_length=256)
+
+
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: str

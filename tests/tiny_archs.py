@@ -49,7 +49,8 @@ def llama3_rope_factors(head_dim: int, base: float, p: dict) -> np.ndarray:
 
 
 def vocabulary() -> list[str]:
-    """GPT-2's 256 byte tokens (so that any text tokenizes), "Ġt" (one merge), then padding tokens to N_VOCAB."""
+    """GPT-2's 256 byte tokens (so that any text tokenizes), "Ġt" (one merge), padding tokens, and the last three
+    StarCoder's fill-in-the-middle tokens (/infill)."""
     bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     cs, extra = bs[:], 0
     for b in range(256):
@@ -58,7 +59,8 @@ def vocabulary() -> list[str]:
             cs.append(256 + extra)
             extra += 1
     tokens = [chr(c) for c in cs]
-    return tokens + ["Ġt"] + [f"<pad{i}>" for i in range(len(tokens) + 1, N_VOCAB)]
+    fim = ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]
+    return tokens + ["Ġt"] + [f"<pad{i}>" for i in range(len(tokens) + 1, N_VOCAB - len(fim))] + fim
 
 
 def longrope_factors() -> tuple[np.ndarray, np.ndarray]:
