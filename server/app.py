@@ -238,6 +238,16 @@ def create_app(cfg: ServerConfig) -> FastAPI:
                             "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
                             "presence_penalty", "frequency_penalty")}}}
 
+    @app.get("/slots")
+    async def slots():
+        """llama-server's /slots: each KV slot at the engine core's last step (the request in it, its prompt and
+        cached tokens, the tokens decoded, the tokens its cache holds)."""
+        e = engine()
+        n_ctx = e.ready.n_ctx if e.ready else None
+        return [{"id": s.id, "id_task": s.request, "n_ctx": n_ctx, "is_processing": s.request >= 0,
+                 "n_prompt_tokens": s.prompt_tokens, "n_prompt_tokens_cache": s.cached_tokens,
+                 "n_decoded": s.generated, "n_past": s.n_past} for s in e.stats.slots]
+
     @app.get("/metrics")
     async def metrics():
         return Response(server_metrics.render(), media_type=METRICS_CONTENT_TYPE)

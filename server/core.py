@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import zmq
 
-from .messages import (HEARTBEAT_S, Abort, AddRequest, CoreStats, Event, Fatal, Outputs, Ready, Shutdown, encoder,
-                       to_core_decoder)
+from .messages import (HEARTBEAT_S, Abort, AddRequest, CoreStats, Event, Fatal, Outputs, Ready, Shutdown, SlotState,
+                       encoder, to_core_decoder)
 
 
 @dataclass
@@ -202,4 +202,14 @@ class EngineCore:
                          len(s.prefilling), s.queue_length, st.prompt_tokens_total, st.prompt_tokens_shared,
                          st.generated_tokens_total, st.steps, round(st.tokens_per_second, 3), len(s.free_slots),
                          st.prefill_steps, st.decode_step_seconds, st.prefill_step_seconds, st.prompt_tokens_cached,
-                         st.prefix_cache_hits)
+                         st.prefix_cache_hits, self.slot_states())
+
+    def slot_states(self) -> list[SlotState]:
+        """Every KV slot: the request in it, or free (llama-server's /slots)."""
+        rid_of = {seq: rid for rid, seq in self.seq_of.items()}
+        states = [SlotState(i) for i in range(self.rt.n_seq)]
+        for seq in (*self.sched.prefilling, *self.sched.running):
+            if 0 <= seq.slot < len(states):
+                states[seq.slot] = SlotState(seq.slot, rid_of.get(seq.id, -1), len(seq.prompt_ids), seq.cached,
+                                             seq.generated, seq.pos)
+        return states

@@ -62,6 +62,17 @@ class Event(msgspec.Struct, array_like=True):
     queued: float = 0.0                 # first token: seconds the request waited for a KV slot in the core
 
 
+class SlotState(msgspec.Struct, array_like=True):
+    """One KV slot at the last step: the request in it (-1: free), its prompt tokens, how many came from a cache, the
+    tokens generated so far, and the tokens the slot's cache holds."""
+    id: int
+    request: int = -1
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated: int = 0
+    n_past: int = 0
+
+
 class CoreStats(msgspec.Struct, array_like=True):
     requests_total: int = 0
     requests_finished: int = 0
@@ -79,6 +90,7 @@ class CoreStats(msgspec.Struct, array_like=True):
     prefill_step_seconds: float = 0.0
     prompt_tokens_cached: int = 0
     prefix_cache_hits: int = 0
+    slots: list[SlotState] = msgspec.field(default_factory=list)
 
 
 class Outputs(msgspec.Struct, tag=True):

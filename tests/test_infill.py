@@ -78,3 +78,28 @@ def test_infill_refused_without_fim_tokens(model_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_slots_show_each_kv_slot(tiny_server):
+    """llama-server's /slots: one entry per KV slot; a long generation shows up as processing, then the slot is free."""
+    import threading
+    base, _ = tiny_server
+    slots = httpx.get(base + "/slots", timeout=10).json()
+    assert [s["id"] for s in slots] == [0, 1] and not any(s["is_processing"] for s in slots)
+    assert all(s["n_ctx"] == 256 for s in slots)
+    done = threading.Event()
+
+    def generate():
+        httpx.post(base + "/completion", json={"prompt": "hello", "n_predict": 200, "ignore_eos": True}, timeout=60)
+        done.set()
+    threading.Thread(target=generate, daemon=True).start()
+    seen = []
+    deadline = time.time() + 30
+    while time.time() < deadline and not done.is_set():
+        seen += [s for s in httpx.get(base + "/slots", timeout=10).json() if s["is_processing"]]
+        time.sleep(0.02)
+    assert seen, "the generating request never showed in /slots"
+    assert seen[0]["n_prompt_tokens"] == 5 and seen[-1]["n_past"] >= seen[0]["n_past"]
+    assert done.wait(60)
+    time.sleep(0.5)                                      # the next heartbeat carries the free slot
+    assert not any(s["is_processing"] for s in httpx.get(base + "/slots", timeout=10).json())
