@@ -3,7 +3,7 @@
 once, so that CI compares the engine against them without torch.
 
     python -m venv /tmp/tfenv && /tmp/tfenv/bin/pip install torch transformers gguf numpy sentencepiece
-    PYTHONPATH=tests /tmp/tfenv/bin/python scripts/record_transformers.py [ARCH ...]
+    /tmp/tfenv/bin/python scripts/record_transformers.py [ARCH ...]
 
 Each architecture's file is written from its seed, loaded by transformers' own GGUF loader (float32, CPU), and run on
 tests/tiny_archs.prompt_tokens(): the logits of every position, and 16 greedy tokens after the first 8. Two things
@@ -21,7 +21,7 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent / d) for d in ("tests", "")]   # tiny_archs, engine
 from tiny_archs import (ARCHS, GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP, HD, LLAMA3_ROPE, LONGROPE_N_ROT,  # noqa: E402
                         LONGROPE_ORIG_CTX, ROPE_BASE, YARN_FACTOR, YARN_ORIG_CTX, longrope_factors,
                         prompt_tokens, write_arch)

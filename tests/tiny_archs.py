@@ -10,6 +10,8 @@ from gguf import GGMLQuantizationType as GT
 from gguf import GGUFWriter, RopeScalingType
 from gguf import quants as gq
 
+from tiny_models import add_shape
+
 N_VOCAB = 320
 E, F, H, HK, HD, L = 128, 256, 4, 2, 64, 2
 ROPE_BASE = 10000.0
@@ -74,12 +76,7 @@ def write_arch(path, name: str, seed: int = 0) -> str:
     rng = np.random.default_rng(seed)
     arch = GGUF_ARCH[name]
     w = GGUFWriter(str(path), arch)
-    w.add_block_count(L)
-    w.add_context_length(1024)
-    w.add_embedding_length(E)
-    w.add_feed_forward_length(F)
-    w.add_head_count(H)
-    w.add_head_count_kv(HK)
+    add_shape(w, L, E, F, H, HK)
     w.add_key_length(HD)
     w.add_value_length(HD)
     w.add_rope_dimension_count(LONGROPE_N_ROT if name == "phi3_longrope" else HD)

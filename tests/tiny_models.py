@@ -32,16 +32,21 @@ def _add(w: GGUFWriter, name: str, t: GGMLType, rows: int, cols: int, rng, scale
         w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=GT(int(t)))
 
 
+def add_shape(w: GGUFWriter, n_layer: int, n_embd: int, n_ff: int, n_head: int, n_head_kv: int) -> None:
+    """The block count, a 1024-token context and the transformer's sizes."""
+    w.add_block_count(n_layer)
+    w.add_context_length(1024)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+
+
 def write_tiny(path, arch: str, seed: int = 0) -> str:
     rng = np.random.default_rng(seed)
     E, F, H, HK, L, HD = 256, 512, 4, 2 if arch == "llama" else 1, 3 if arch == "llama" else 6, 64
     w = GGUFWriter(str(path), arch)
-    w.add_block_count(L)
-    w.add_context_length(1024)
-    w.add_embedding_length(E)
-    w.add_feed_forward_length(F)
-    w.add_head_count(H)
-    w.add_head_count_kv(HK)
+    add_shape(w, L, E, F, H, HK)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(10000.0)
     w.add_key_length(HD)
