@@ -32,7 +32,7 @@ NVCC_OPTIONS = ("-ftz=true",)          # CuPy's NVRTC compiles with -ftz=true: t
 PREFILL_HEAD_DIMS = (64, 128, 256)     # attention_prefill (attention.cu), attention_prefill_mma instantiations
 TC_WIDE_NCOLS = (24, 32, 40, 48, 56, 64)   # mmvq.cu's mmvq_tc_q4_K past 16 columns (launch.py takes it from here)
 ATTENTION_HEAD_CHUNKS = (2, 4, 8)      # attention.cu's attention / attention_split: head_dim / 32 up to this many
-TYPE_ALIASES = {"u16": "unsigned short", "false": "false", "true": "true"}
+TYPE_ALIASES = {"u16": "unsigned short"}
 TYPED_KERNELS = ("mmvq", "mmvq_pieces", "mmq", "dequantize_f16", "dequantize_f32")   # first template argument: a type
 Q4_K_KERNELS = ("mmvq_tc_q4_K", "mmvq_q4_K_pairs", "mmq_q4_K")                       # Q4_K's own   # common.cuh's typedefs as a demangled symbol spells them
 
