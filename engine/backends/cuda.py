@@ -93,11 +93,10 @@ class CUDABackend(Backend):
         return d
 
     def _dev_f64(self, arr: np.ndarray) -> cp.ndarray:
-        """A float64 host array the model keeps (its rope frequencies) on the device, copied once."""
+        """A float64 host array the model keeps (its rope frequencies) on the device, copied once and kept while the
+        backend lives (captured graphs hold its address; a model has one to three)."""
         hit = self._host_f64.get(id(arr))
         if hit is None or hit[0] is not arr:
-            if len(self._host_f64) > 16:
-                self._host_f64.clear()
             hit = (arr, cp.asarray(np.ascontiguousarray(arr, dtype=np.float64)))
             self._host_f64[id(arr)] = hit
         return hit[1]
