@@ -31,13 +31,14 @@ from engine.grammar import GrammarError, compile_grammar
 from engine.sampling import seed_bits
 from engine.tokenizer import TemplateLimits, Tokenizer, TokenizerError
 
-from .client import ChoiceDelta, CoreConfig, EngineClient, EngineUnavailable, GenerationError, MultiChoice
+from .client import CoreConfig, EngineClient, EngineUnavailable, GenerationError, MultiChoice
 from .core import run_core
 from .messages import AddRequest
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, ServerMetrics
 from .protocol import (APIError, ChatRequest, CompletionRequest, DetokenizeRequest, InfillRequest,
                        LlamaCompletionRequest, TokenizeRequest)
-from .tools import ToolError, call_grammar, parse_calls, prompt_messages, template_knows_tools, tool_spec
+from .tools import (CallStream, ToolError, call_grammar, parse_calls, prompt_messages, template_knows_tools,
+                    tool_spec)
 
 MAX_CACHED_GRAMMARS = 64       # compiled structured-output grammars kept (the oldest dropped first)
 
@@ -641,24 +642,25 @@ def create_app(cfg: ServerConfig) -> FastAPI:
             if spec is None:
                 return stream(mc, body, cid, created, "chat.completion.chunk", head, choice_of, request, t0)
 
-            async def whole_replies():           # with tools: each reply whole, so its calls can be parsed
-                texts = [""] * body.n
+            async def tool_deltas():             # with tools: content as it comes, each call when it closes
+                parsers, n_calls = [CallStream(spec) for _ in range(body.n)], [0] * body.n
                 try:
                     async for d in mc.deltas():
-                        texts[d.index] += d.text
+                        p = parsers[d.index]
+                        for kind, value in p.feed(d.text) + (p.finish() if d.finish_reason else []):
+                            if kind == "content":
+                                delta = {"content": value}
+                            else:
+                                delta = {"tool_calls": [{"index": n_calls[d.index], **value}]}
+                                n_calls[d.index] += 1
+                            yield {"index": d.index, "delta": delta, "finish_reason": None, "logprobs": None}
                         if d.finish_reason:
-                            yield ChoiceDelta(d.index, texts[d.index], [], d.finish_reason)
+                            reason = "tool_calls" if n_calls[d.index] and d.finish_reason == "stop" else d.finish_reason
+                            yield {"index": d.index, "delta": {}, "finish_reason": reason, "logprobs": None}
                 finally:
                     mc.cancel()                  # a client gone mid-stream frees its sequences
-
-            def tool_choice_of(d):
-                msg, reason = message_of(d.text, d.finish_reason)
-                delta = {"content": msg["content"]}
-                if "tool_calls" in msg:
-                    delta["tool_calls"] = [{"index": j, **c} for j, c in enumerate(msg["tool_calls"])]
-                return {"index": d.index, "delta": delta, "finish_reason": reason, "logprobs": None}
-            return stream(mc, body, cid, created, "chat.completion.chunk", head, tool_choice_of, request, t0,
-                          whole_replies())
+            return stream(mc, body, cid, created, "chat.completion.chunk", head, lambda c: c, request, t0,
+                          tool_deltas())
         result = await finished(mc, request, body.n, t0)
         if result is None:
             return JSONResponse({}, status_code=499)

@@ -150,3 +150,69 @@ def _as_call(raw: str, spec: ToolSpec) -> dict | None:
         return None
     return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
             "function": {"name": obj["name"], "arguments": json.dumps(args)}}
+
+
+class CallStream:
+    """A streamed reply split as it comes into content pieces and whole calls, each call as soon as its
+    </tool_call> arrives: feed(text) and finish() return [("content", str) | ("call", OpenAI tool_call)]. A reply that
+    starts with "{" may be one bare JSON call: it is held to the end. A block that is not a call of the request's
+    tools stays content; whitespace around calls is dropped, as parse_calls drops it."""
+
+    def __init__(self, spec: ToolSpec):
+        self.spec, self.buf, self.mode, self.ws, self.calls = spec, "", "start", "", 0
+
+    def _content(self, text: str) -> list:
+        """Content out, its trailing whitespace held until text follows (dropped before and after a call)."""
+        text = self.ws + text
+        body = text.rstrip()
+        self.ws = text[len(body):]
+        if self.calls:
+            body = body.lstrip()
+        return [("content", body)] if body else []
+
+    def feed(self, text: str) -> list:
+        self.buf += text
+        out = []
+        while True:
+            if self.mode == "start":
+                head = self.buf.lstrip()
+                if not head:
+                    return out
+                self.mode = "json" if head.startswith("{") else "text"
+            if self.mode == "json":
+                return out
+            if self.mode == "text":
+                i = self.buf.find(CALL_OPEN)
+                if i < 0:                        # hold back what may be the start of CALL_OPEN
+                    keep = next((n for n in range(min(len(CALL_OPEN) - 1, len(self.buf)), 0, -1)
+                                 if CALL_OPEN.startswith(self.buf[-n:])), 0)
+                    out += self._content(self.buf[:len(self.buf) - keep])
+                    self.buf = self.buf[len(self.buf) - keep:]
+                    return out
+                out += self._content(self.buf[:i])
+                self.buf, self.mode = self.buf[i:], "call"
+            j = self.buf.find(CALL_CLOSE)
+            if j < 0:
+                return out
+            block, self.buf = self.buf[:j + len(CALL_CLOSE)], self.buf[j + len(CALL_CLOSE):]
+            call = _as_call(block[len(CALL_OPEN):-len(CALL_CLOSE)].strip(), self.spec)
+            if call is None:
+                out += self._content(block)
+            else:
+                self.ws = ""
+                self.calls += 1
+                out.append(("call", call))
+            self.mode = "text"
+
+    def finish(self) -> list:
+        rest, self.buf = self.buf, ""
+        if self.mode == "json":
+            call = _as_call(rest.strip(), self.spec)
+            if call is not None:
+                self.calls += 1
+                return [("call", call)]
+        out = self._content(rest)
+        if not self.calls and self.ws:           # no call: the reply as it was, its trailing whitespace too
+            out.append(("content", self.ws))
+        self.ws = ""
+        return out

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from engine.grammar import compile_grammar
-from server.tools import (CALL_CLOSE, CALL_OPEN, ToolError, call_grammar, parse_calls, prompt_messages,
+from server.tools import (CALL_CLOSE, CALL_OPEN, CallStream, ToolError, call_grammar, parse_calls, prompt_messages,
                           template_knows_tools, tool_spec)
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
@@ -58,3 +58,43 @@ def test_call_grammar_compiles():
     assert compile_grammar(lark=call_grammar(tool_spec([WEATHER, TIME], "required")))
     assert '"const": "get_time"' in call_grammar(tool_spec([WEATHER, TIME], {"type": "function",
                                                                               "function": {"name": "get_time"}}))
+
+
+def stream_all(text: str, step: int, spec) -> tuple[str | None, list[dict]]:
+    """CallStream fed `step` characters at a time: (the content it streamed, or None; its calls)."""
+    parser, items = CallStream(spec), []
+    for i in range(0, len(text), step):
+        items += parser.feed(text[i:i + step])
+    items += parser.finish()
+    content = "".join(v for k, v in items if k == "content")
+    return content or None, [v for k, v in items if k == "call"]
+
+
+@pytest.mark.parametrize("step", [1, 3, 7, 1000])
+def test_call_stream_matches_parse_calls(step):
+    """Streamed in pieces of any size, the content and calls are parse_calls' (content before a call goes out before
+    the call is written, each call as soon as it closes)."""
+    spec = tool_spec([WEATHER, TIME], None)
+    replies = [f'Let me look. {CALL_OPEN}{{"name": "get_weather", "arguments": {{"city": "Oslo"}}}}{CALL_CLOSE}\n'
+               f'{CALL_OPEN}{{"name": "get_time", "arguments": {{}}}}{CALL_CLOSE}',
+               '{"name": "get_time", "parameters": {}}', "The weather is fine.\nReally <tool fine>.",
+               f'{CALL_OPEN}{{"name": "unknown", "arguments": {{}}}}{CALL_CLOSE}', f"{CALL_OPEN}not json{CALL_CLOSE}",
+               '{"name": "get_time", "arguments": 5}', "  leading spaces stay", "<tool_cal", "a < b <tool_callx"]
+    for text in replies:
+        content, calls = stream_all(text, step, spec)
+        want_content, want_calls = parse_calls(text, spec)
+        assert content == want_content, (text, step)
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == \
+            [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in want_calls], (text, step)
+
+
+def test_call_stream_sends_text_and_calls_early():
+    """Text before a call is out before the call arrives; the call is out when </tool_call> is."""
+    spec = tool_spec([WEATHER], None)
+    parser = CallStream(spec)
+    assert parser.feed("Checking the ") == [("content", "Checking the")]      # trailing whitespace waits
+    assert parser.feed("weather.<tool") == [("content", " weather.")]
+    assert parser.feed('_call>{"name": "get_weather", "arguments": {"city": "Rome"}}') == []
+    out = parser.feed(CALL_CLOSE)
+    assert len(out) == 1 and out[0][0] == "call" and json.loads(out[0][1]["function"]["arguments"]) == {"city": "Rome"}
+    assert parser.finish() == []
