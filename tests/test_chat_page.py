@@ -74,16 +74,17 @@ def browser(tmp_path):
 
 def test_chat_page_streams_a_reply(browser, model_path, tmp_path):
     model_path("smol")
-    server, base = start_server("--parallel", "2", "--api-key", "secret")
+    server, base = start_server("--parallel", "2", "--ctx", "1024", "--api-key", "secret")
     try:
         assert httpx.get(base + "/").status_code == 200               # the page is open; the API wants the key
         browser.call("Page.navigate", url=base + "/")
         browser.wait_for("document.readyState === 'complete' && !!document.getElementById('form')")
-        browser.js("localStorage.setItem('engine-key', 'secret')")
+        browser.js("localStorage.setItem('engine-key', 'secret'); localStorage.setItem('engine-max-tokens', '48')")
         browser.call("Page.navigate", url=base + "/?q=" + "What%20is%20the%20capital%20of%20France%3F")
         reply = browser.wait_for("(() => { const a = document.querySelector('.msg.assistant');"
                                  " return a && a.dataset.done ? a.textContent : ''; })()")
         assert reply.strip(), "an empty reply"
+        assert browser.js("document.getElementById('max').value") == "48"       # the page's length limit
         assert browser.js("document.getElementById('model').textContent") == "smollm2-135m"     # /v1/models' id
         # a second turn through the form: the conversation so far goes with it
         browser.js("document.getElementById('input').value = 'And of Italy?';"
