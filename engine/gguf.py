@@ -34,9 +34,15 @@ MAX_QUOTED = 80
 
 
 def quoted(text: str, limit: int = MAX_QUOTED) -> str:
-    """A string read from a file, safe to print: control characters escaped, at most `limit` characters."""
-    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text)[:limit])
-    return out + ("..." if len(str(text)) > limit else "")
+    """A string read from a file, safe to print: control characters escaped, at most `limit` characters once
+    escaped (a control character takes up to 10)."""
+    out, text = "", str(text)
+    for i, c in enumerate(text):
+        piece = c if c.isprintable() else repr(c)[1:-1]
+        if len(out) + len(piece) > limit:
+            return out + "..."
+        out += piece
+    return out
 
 
 @dataclass(frozen=True)

@@ -68,3 +68,13 @@ def test_engine_info_on_broken_file_exits_nonzero_without_traceback(tmp_path, ca
 def test_missing_file(tmp_path):
     with pytest.raises(GGUFError, match="cannot open"):
         GGUFFile(tmp_path / "nope.gguf")
+
+
+def test_quoted_bounds_the_escaped_text():
+    """A name of control characters is cut at the limit after escaping (each \\x00 prints as 4 characters), so an
+    error message that quotes it stays one short line (a fuzzed key of 26 NULs made a 314-character message)."""
+    from engine.gguf import MAX_QUOTED, quoted
+    for text in ("\x00" * 500, "ab\x00" * 200, "x" * 500, "\u2028" * 100):
+        q = quoted(text)
+        assert len(q) <= MAX_QUOTED + 3 and q.isprintable() and q.endswith("...")
+    assert quoted("plain") == "plain" and quoted("a\nb") == "a\\nb"
