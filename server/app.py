@@ -33,7 +33,7 @@ from engine.tokenizer import TemplateLimits, Tokenizer, TokenizerError
 
 from .client import CoreConfig, EngineClient, EngineUnavailable, GenerationError, MultiChoice
 from .core import run_core
-from .messages import AddRequest
+from .messages import AddRequest, SlotState
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, ServerMetrics
 from .protocol import (APIError, ChatRequest, CompletionRequest, DetokenizeRequest, InfillRequest,
                        LlamaCompletionRequest, TokenizeRequest)
@@ -244,10 +244,12 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         """llama-server's /slots: each KV slot at the engine core's last step (the request in it, its prompt and
         cached tokens, the tokens decoded, the tokens its cache holds)."""
         e = engine()
-        n_ctx = e.ready.n_ctx if e.ready else None
+        n_ctx, n_seq = (e.ready.n_ctx, e.ready.n_seq) if e.ready else (None, 0)
+        busy = {s.id: s for s in e.stats.slots}
+        states = [busy.get(i) or SlotState(i) for i in range(n_seq)]
         return [{"id": s.id, "id_task": s.request, "n_ctx": n_ctx, "is_processing": s.request >= 0,
                  "n_prompt_tokens": s.prompt_tokens, "n_prompt_tokens_cache": s.cached_tokens,
-                 "n_decoded": s.generated, "n_past": s.n_past} for s in e.stats.slots]
+                 "n_decoded": s.generated, "n_past": s.n_past} for s in states]
 
     @app.get("/metrics")
     async def metrics():

@@ -205,11 +205,11 @@ class EngineCore:
                          st.prefix_cache_hits, self.slot_states())
 
     def slot_states(self) -> list[SlotState]:
-        """Every KV slot: the request in it, or free (llama-server's /slots)."""
+        """The busy KV slots and the request in each (llama-server's /slots; the front end adds the free ones): built
+        every step, so only for the sequences there are."""
+        busy = (*self.sched.prefilling, *self.sched.running)
+        if not busy:
+            return []
         rid_of = {seq: rid for rid, seq in self.seq_of.items()}
-        states = [SlotState(i) for i in range(self.rt.n_seq)]
-        for seq in (*self.sched.prefilling, *self.sched.running):
-            if 0 <= seq.slot < len(states):
-                states[seq.slot] = SlotState(seq.slot, rid_of.get(seq.id, -1), len(seq.prompt_ids), seq.cached,
-                                             seq.generated, seq.pos)
-        return states
+        return [SlotState(seq.slot, rid_of.get(seq.id, -1), len(seq.prompt_ids), seq.cached, seq.generated, seq.pos)
+                for seq in busy if seq.slot >= 0]

@@ -63,8 +63,8 @@ class Event(msgspec.Struct, array_like=True):
 
 
 class SlotState(msgspec.Struct, array_like=True):
-    """One KV slot at the last step: the request in it (-1: free), its prompt tokens, how many came from a cache, the
-    tokens generated so far, and the tokens the slot's cache holds."""
+    """A busy KV slot at the last step: the request in it, its prompt tokens, how many came from a cache, the tokens
+    generated so far, and the tokens the slot's cache holds."""
     id: int
     request: int = -1
     prompt_tokens: int = 0
