@@ -18,8 +18,8 @@ class Transformer:
     def __init__(self, gguf: GGUFFile, backend, config: ModelConfig):
         self.gguf, self.B, self.cfg = gguf, backend, config
 
-    def weight(self, name: str, shape: tuple[int, ...] | None = None, optional: bool = False):
-        """Load tensor `name`; `shape` in numpy order (rows, cols) is checked when given."""
+    def _info(self, name: str, shape: tuple[int, ...] | None, optional: bool = False):
+        """Tensor `name`'s info, its shape (numpy order) checked when given; None if optional and absent."""
         info = self.gguf.tensors.get(name)
         if info is None:
             if optional:
@@ -28,30 +28,30 @@ class Transformer:
         if shape is not None and info.np_shape != tuple(shape):
             raise ModelLoadError(f"{self.gguf.path}: tensor '{name}' has shape {list(info.np_shape)}, "
                                  f"expected {list(shape)}")
+        return info
+
+    def _upload(self, name: str, info: TensorInfo, data):
         try:
-            return self.B.weight(info, self.gguf.tensor_data(name))
+            return self.B.weight(info, data)
         except UnsupportedTypeError as e:
             raise ModelLoadError(f"{self.gguf.path}: tensor '{name}': {e}") from None
+
+    def weight(self, name: str, shape: tuple[int, ...] | None = None, optional: bool = False):
+        """Load tensor `name`; `shape` in numpy order (rows, cols) is checked when given."""
+        info = self._info(name, shape, optional)
+        return None if info is None else self._upload(name, info, self.gguf.tensor_data(name))
 
     def weight_rows(self, name: str, cols: int, row_counts: list[int]) -> list:
         """A fused matrix (Phi-3's attn_qkv, ffn_up) loaded as the matrices its consecutive row ranges are, each
         still in the file's blocks: [weight of rows 0..n0, of n0..n0+n1, ...]."""
-        info = self.gguf.tensors.get(name)
         rows = sum(row_counts)
-        if info is None:
-            raise ModelLoadError(f"{self.gguf.path}: tensor '{name}' is missing")
-        if info.np_shape != (rows, cols):
-            raise ModelLoadError(f"{self.gguf.path}: tensor '{name}' has shape {list(info.np_shape)}, "
-                                 f"expected {[rows, cols]}")
+        info = self._info(name, (rows, cols))
         data, row_bytes = self.gguf.tensor_data(name), info.nbytes // rows
         out, r0 = [], 0
         for n in row_counts:
             part = TensorInfo(f"{name}[{r0}:{r0 + n}]", info.type, (cols, n), info.offset + r0 * row_bytes,
                               n * row_bytes)
-            try:
-                out.append(self.B.weight(part, data[r0 * row_bytes:(r0 + n) * row_bytes]))
-            except UnsupportedTypeError as e:
-                raise ModelLoadError(f"{self.gguf.path}: tensor '{name}': {e}") from None
+            out.append(self._upload(name, part, data[r0 * row_bytes:(r0 + n) * row_bytes]))
             r0 += n
         return out
 

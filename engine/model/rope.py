@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..gguf import GGUFError, GGUFFile, quoted
+from ..quants import dequantize
 
 SCALING_TYPES = ("none", "linear", "yarn", "longrope")   # longrope: its factors are tensors (freq_factors)
 YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0
@@ -89,7 +90,6 @@ def freq_factors(model, n_rot: int, n_ctx: int | None = None) -> np.ndarray | No
     info = model.gguf.tensors[name]
     if info.np_shape != (n_rot // 2,):
         raise GGUFError(f"{model.gguf.path}: {name} has shape {list(info.np_shape)}, expected [{n_rot // 2}]")
-    from ..quants import dequantize
     factors = dequantize(model.gguf.tensor_data(name), info.type, info.np_shape).astype(np.float64)
     if not np.all(np.isfinite(factors)) or np.any(factors <= 0):
         raise GGUFError(f"{model.gguf.path}: {name} holds a factor that is not a positive number")
