@@ -79,25 +79,14 @@ def test_source_key_follows_the_source(monkeypatch):
     assert build.source_key("rms_norm") != key
 
 
-def _current_manifest(folder) -> dict | None:
-    path = folder / "manifest.json"
-    if not path.exists():
-        return None
-    manifest = json.loads(path.read_text())
-    ok = all(f in manifest and manifest[f]["key"] == build.source_key(f) and
-             manifest[f]["archs"] == list(build.PREBUILT_ARCHS) for f in build.FAMILIES)
-    return manifest if ok else None
-
-
 @pytest.fixture(scope="module")
 def prebuilt(tmp_path_factory):
     """(folder, manifest) of cubins built from the current sources: the install's own (`pip install` built them),
     else built here."""
     if NVCC is None:
         pytest.skip("no CUDA compiler on this machine")
-    manifest = _current_manifest(build.PREBUILT_DIR)
-    if manifest is not None:
-        return build.PREBUILT_DIR, manifest
+    if aot.is_current(build.PREBUILT_DIR):
+        return build.PREBUILT_DIR, json.loads((build.PREBUILT_DIR / "manifest.json").read_text())
     folder = tmp_path_factory.mktemp("prebuilt")
     return folder, aot.build_all(folder, log=lambda m: None)
 
@@ -118,7 +107,7 @@ def test_install_builds_the_kernels():
     package: what the first `engine generate --device cuda` loads instead of compiling."""
     if NVCC is None:
         pytest.skip("no CUDA compiler on this machine")
-    assert _current_manifest(build.PREBUILT_DIR) is not None, \
+    assert aot.is_current(build.PREBUILT_DIR), \
         "engine/cuda/prebuilt is missing or older than the sources: pip install -e . (or python -m engine.cuda.aot)"
 
 

@@ -68,8 +68,8 @@ def compile_family(nvcc: str, family: str, arch: str, out: Path, work: Path) -> 
     src = work / f"{family}.{arch}.cu"
     src.write_text(build.instantiation_source(family))
     cubin = out / f"{family}.{arch}.cubin"
-    r = subprocess.run([nvcc, "-cubin", f"-arch={arch}", *build.COMPILE_OPTIONS, *build.NVCC_OPTIONS, "-o", str(cubin), str(src)],
-                       capture_output=True, text=True)
+    r = subprocess.run([nvcc, "-cubin", f"-arch={arch}", *build.COMPILE_OPTIONS, *build.NVCC_OPTIONS, "-o",
+                        str(cubin), str(src)], capture_output=True, text=True)
     if r.returncode != 0 or "warning" in r.stderr.lower():
         raise build.KernelBuildError(f"nvcc {family}.cu for {arch} failed or warned:\n{r.stderr[-4000:]}")
     return cubin

@@ -26,15 +26,16 @@ PREBUILT_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
 FAMILIES = ("quantize", "dequantize", "mmvq", "mmvf", "mmq", "rms_norm", "rope", "attention",
             "attention_mma", "argmax", "sampling")
 # The quantized types the kernels take, as common.cuh numbers them (its `#define T_<type> <GGML type>` lines).
-QTYPES = {name: int(v) for name, v in re.findall(r"^#define (T_\w+) (\d+)", (KERNEL_DIR / "common.cuh").read_text(), re.M)}
+QTYPES = {name: int(v) for name, v in
+          re.findall(r"^#define (T_\w+) (\d+)", (KERNEL_DIR / "common.cuh").read_text(), re.M)}
 COMPILE_OPTIONS = ("--std=c++17",)
 NVCC_OPTIONS = ("-ftz=true",)          # CuPy's NVRTC compiles with -ftz=true: the prebuilt cubins match its code
 PREFILL_HEAD_DIMS = (64, 128, 256)     # attention_prefill (attention.cu), attention_prefill_mma instantiations
 TC_WIDE_NCOLS = (24, 32, 40, 48, 56, 64)   # mmvq.cu's mmvq_tc_q4_K past 16 columns (launch.py takes it from here)
 ATTENTION_HEAD_CHUNKS = (2, 4, 8)      # attention.cu's attention / attention_split: head_dim / 32 up to this many
-TYPE_ALIASES = {"u16": "unsigned short"}
+TYPE_ALIASES = {"u16": "unsigned short"}     # common.cuh's typedefs as a demangled symbol spells them
 TYPED_KERNELS = ("mmvq", "mmvq_pieces", "mmq", "dequantize_f16", "dequantize_f32")   # first template argument: a type
-Q4_K_KERNELS = ("mmvq_tc_q4_K", "mmvq_q4_K_pairs", "mmq_q4_K")                       # Q4_K's own   # common.cuh's typedefs as a demangled symbol spells them
+Q4_K_KERNELS = ("mmvq_tc_q4_K", "mmvq_q4_K_pairs", "mmq_q4_K")                       # Q4_K's own
 
 
 class KernelBuildError(RuntimeError):
@@ -137,6 +138,7 @@ def _arch() -> str:
     return f"sm_{cupy.cuda.Device().compute_capability}"
 
 
+@functools.cache
 def _manifest() -> dict:
     path = PREBUILT_DIR / "manifest.json"
     return json.loads(path.read_text()) if path.exists() else {}

@@ -47,7 +47,6 @@ MMVQT_WARPS = _MMVQ["MMVQT_WARPS"]                  # warps (16-row tiles) per m
 MMVQT_BLOCKS_PER_SM = _MMVQ["MMVQT_MIN_BLOCKS"]     # its blocks an SM holds (128 registers per thread)
 MMVQT_WIDE_FROM = _MMVQ["MMVQT_WIDE_FROM"]          # ... from this many columns to 8: twice the warps, one block per SM
 MMVQT_MAX_RANGE = _MMVQ["MMVQT_MAX_RANGE"]          # super-blocks per k range at most (its shared memory)
-MMVQT_STAGES = _MMVQ["MMVQT_STAGES"]                # super-blocks in flight per warp + 1
 MMVQT_WIN_LD = _MMVQ["MMVQT_WIN_LD"]                # bytes of a row of a warp's window of weight lines
 TC_MAX_COLS = TC_WIDE_NCOLS[-1]                     # mmvq_tc_q4_K takes up to this many columns in one launch, past
                                                     # 16 as the kernel of the next of build.TC_WIDE_NCOLS
