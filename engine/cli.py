@@ -18,6 +18,14 @@ MAX_ERROR_CHARS = 300
 
 
 
+def add_gpu_flags(s) -> None:
+    """--kv-f32, --eager and --mul-mat-path, the GPU settings generate, bench and serve take."""
+    s.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
+    s.add_argument("--eager", action="store_true", help="no CUDA graphs: launch every kernel of every step")
+    s.add_argument("--mul-mat-path", default=None, choices=MUL_MAT_PATHS,
+                   help="every mul_mat through this kernel path where it takes the shape (default: the dispatch chain)")
+
+
 def _cuda_config(args):
     """The CudaConfig the flags ask for (--eager, --mul-mat-path)."""
     from .cuda.config import CudaConfig
@@ -321,10 +329,7 @@ def _sampling_and_runtime_args(s) -> None:
     s.add_argument("--ubatch", type=int, default=512, help="tokens of one prefill ubatch")
     s.add_argument("--ctx", type=int, default=None, help="context length (default: the model's, at most 4096)")
     s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
-    s.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
-    s.add_argument("--eager", action="store_true", help="no CUDA graphs: launch every kernel of every step")
-    s.add_argument("--mul-mat-path", default=None, choices=MUL_MAT_PATHS,
-                   help="every mul_mat through this kernel path where it takes the shape (default: the dispatch chain)")
+    add_gpu_flags(s)
     s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="prefill every prompt whole (default: a prompt prefix another request left in a KV slot, "
                         "or a running sequence has, is reused)")
@@ -382,10 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-r", type=int, default=5, help="repetitions")
     s.add_argument("--ubatch", type=int, default=512)
     s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
-    s.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
-    s.add_argument("--eager", action="store_true", help="no CUDA graphs: launch every kernel of every step")
-    s.add_argument("--mul-mat-path", default=None, choices=MUL_MAT_PATHS,
-                   help="every mul_mat through this kernel path where it takes the shape (default: the dispatch chain)")
+    add_gpu_flags(s)
     s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="prefill every prompt whole (default: a prompt prefix another request left in a KV slot, "
                         "or a running sequence has, is reused)")
@@ -410,10 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-batch-tokens", type=int, default=None,
                    help="tokens one scheduler step runs: a token per decoding sequence plus prompt chunks "
                         "(default: --ubatch)")
-    s.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
-    s.add_argument("--eager", action="store_true", help="no CUDA graphs: launch every kernel of every step")
-    s.add_argument("--mul-mat-path", default=None, choices=MUL_MAT_PATHS,
-                   help="every mul_mat through this kernel path where it takes the shape (default: the dispatch chain)")
+    add_gpu_flags(s)
     s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="prefill every prompt whole (default: a prompt prefix another request left in a KV slot, "
                         "or a running sequence has, is reused)")
