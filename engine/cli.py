@@ -19,11 +19,13 @@ MAX_ERROR_CHARS = 300
 
 
 def add_gpu_flags(s) -> None:
-    """--kv-f32, --eager and --mul-mat-path, the GPU settings generate, bench and serve take."""
+    """--kv-f32, --eager, --mul-mat-path and --tensor-parallel, the GPU settings generate, bench and serve take."""
     s.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
     s.add_argument("--eager", action="store_true", help="no CUDA graphs: launch every kernel of every step")
     s.add_argument("--mul-mat-path", default=None, choices=MUL_MAT_PATHS,
                    help="every mul_mat through this kernel path where it takes the shape (default: the dispatch chain)")
+    s.add_argument("-tp", "--tensor-parallel", type=int, default=1, metavar="N",
+                   help="split the model over N GPUs, one process each, NCCL between (on the CPU: N threads)")
 
 
 def _cuda_config(args):
@@ -132,7 +134,7 @@ def _load_for_sampling(args, model: str | None):
     if args.n < -1:
         raise ValueError("-n must be >= 0, or -1 (until the end of generation or the context)")
     rt = Runtime.load(model, device=args.device, n_ctx=args.ctx, n_ubatch=args.ubatch, kv_f32=args.kv_f32,
-                      cuda=_cuda_config(args))
+                      cuda=_cuda_config(args), tensor_parallel=args.tensor_parallel)
     params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             repeat_penalty=args.repeat_penalty, seed=args.seed)
     return rt, params, (args.n if args.n >= 0 else rt.n_ctx)
@@ -257,13 +259,13 @@ def cmd_serve(args) -> int:
         args.device = "cpu"
     model = hub.resolve_model(args.model)
     GGUFFile(model)   # a bad file is reported here, before the server starts
-    for name in ("parallel", "max_batch_tokens", "ctx", "max_queue"):
+    for name in ("parallel", "max_batch_tokens", "ctx", "max_queue", "tensor_parallel"):
         value = getattr(args, name)
         if value is not None and value < (0 if name == "max_queue" else 1):
             return _fail(f"--{name.replace('_', '-')} must be >= {0 if name == 'max_queue' else 1}")
     core = CoreConfig(model, device=args.device, n_parallel=args.parallel, n_ctx=args.ctx, n_ubatch=args.ubatch,
                       max_batch_tokens=args.max_batch_tokens, kv_f32=args.kv_f32, prefix_cache=args.prefix_cache,
-                      cuda=_cuda_config(args))
+                      cuda=_cuda_config(args), tensor_parallel=args.tensor_parallel)
     cfg = ServerConfig(core, api_key=_api_key(args), model_id=args.model if args.model in hub.MODELS else None,
                        max_body_bytes=int(args.max_body_mb * (1 << 20)), max_queue=args.max_queue,
                        stall_s=args.core_timeout, cors=args.cors, metrics_key=args.metrics_key)
@@ -312,9 +314,10 @@ def cmd_bench(args) -> int:
 
     n_ctx = max(args.p, args.n) + 16
     rt = Runtime.load(args.model, device=args.device, n_ctx=n_ctx, n_ubatch=args.ubatch, kv_f32=args.kv_f32,
-                      cuda=_cuda_config(args))
+                      cuda=_cuda_config(args), tensor_parallel=args.tensor_parallel)
     rows = run_bench(rt, args.p, args.n, args.r)
-    print(format_table(Path(rt.gguf.path).name, rt.backend.name, rows, args.ubatch))
+    tp = f" tp{rt.tensor_parallel}" if rt.tensor_parallel > 1 else ""
+    print(format_table(Path(rt.gguf.path).name, rt.backend.name + tp, rows, args.ubatch))
     return 0
 
 

@@ -57,12 +57,19 @@ class Generation:
 class Runtime:
     def __init__(self, gguf: GGUFFile, device: str = "auto", n_ctx: int | None = None,
                  n_ubatch: int = DEFAULT_UBATCH, exact: bool = False, n_seq: int = 1, kv_f32: bool = False,
-                 cuda=None):
+                 cuda=None, tensor_parallel: int = 1):
         self.gguf = gguf
         model_class(gguf)                          # an unsupported architecture is the first thing to say
         self.tokenizer = Tokenizer(gguf)
-        self.backend = get_backend(device, exact, kv_f32, cuda)
-        self.model = load_model(gguf, self.backend)
+        if tensor_parallel < 1:
+            raise ValueError("tensor_parallel must be >= 1")
+        if tensor_parallel > 1:                    # the model split over ranks (engine/parallel), driven as one
+            from .parallel.group import load_parallel
+            self.backend, self.model = load_parallel(gguf, tensor_parallel, device, exact, kv_f32, cuda)
+        else:
+            self.backend = get_backend(device, exact, kv_f32, cuda)
+            self.model = load_model(gguf, self.backend)
+        self.tensor_parallel = tensor_parallel
         self.backend.prepare_kernels()
         self.config = self.model.cfg
         if n_ubatch < 1:

@@ -23,15 +23,19 @@
 #   bash scripts/device.sh serve synth|smol [SECS]  serve_compare.sh on one model (1, 8, 32, 64 clients)
 #   bash scripts/device.sh bench [SECS]   synthetic 8B: engine core batched decode (raw and --scheduler) beside
 #                                         llama-batched-bench; then serve_compare.sh on the 8B and SmolLM2
+#   bash scripts/device.sh tp [N]         (N GPUs) synthetic 8B and 70B: engine bench -p 512 -n 128 at -tp 1 and N,
+#                                         llama-bench -sm layer / row beside when llama.cpp is built
+#   bash scripts/device.sh tp-serve [MODEL] [SECS] [N]  32 clients: engine serve -tp N, llama-server -sm layer / row
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD CUPY_CACHE_DIR=/tmp/cupy_cache PYTHONUNBUFFERED=1 ENGINE_MODEL_DIR=/tmp/models
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # never NVLink multicast
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/models /tmp/stage
 SMOL=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf GEMMA=/tmp/models/gemma-3-270m-q4_k_m.gguf
 SYNTH=/tmp/models/synth-8b.gguf LLAMA=/tmp/llamacpp/build/bin
 [ -e engine/cuda/prebuilt ] || { [ -d /tmp/prebuilt ] && ln -s /tmp/prebuilt engine/cuda/prebuilt; }
 
-synth() {   # preset: the synthetic model built from SmolLM2 (tools/make_synth_gguf.py, ~20 s)
-  [ -f /tmp/models/synth-$1.gguf ] || python3 /tmp/make_synth_gguf.py $SMOL /tmp/models/synth-$1.gguf --preset $1 \
+synth() {   # preset: the synthetic model built from SmolLM2 (scripts/make_synth_gguf.py: 8B ~20 s, 70B ~1 min)
+  [ -f /tmp/models/synth-$1.gguf ] || python3 scripts/make_synth_gguf.py $SMOL /tmp/models/synth-$1.gguf --preset $1 \
     > /tmp/synth-$1.log 2>&1
 }
 
@@ -57,7 +61,7 @@ setup)
     || exit 1
   [ -d engine/cuda/prebuilt ] && [ ! -L engine/cuda/prebuilt ] && rm -rf /tmp/prebuilt && cp -r engine/cuda/prebuilt /tmp/prebuilt
   [ "${LLAMA_BUILD:-0}" = 1 ] && [ -f .dev/llama.cpp-src.tar.xz ] && bash .dev/build_on_device.sh .dev/llama.cpp-src.tar.xz
-  [ -f .dev/make_synth_gguf.py ] && cp .dev/make_synth_gguf.py .dev/serve_compare.sh /tmp/
+  [ -f .dev/serve_compare.sh ] && cp .dev/serve_compare.sh /tmp/
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader ;;
 stage)
   shift; cp "$@" /tmp/stage/
@@ -145,8 +149,33 @@ serve-engine)   # MODEL CLIENTS SECS [extra engine serve flags]: the load test a
   done
   kill $ep; wait $ep 2>/dev/null
   grep -v " 200 prompt=" /tmp/serve-engine.log | tail -5 ;;
+tp)
+  n=${2:-2}; synth 8b; synth 70b
+  for m in $SYNTH /tmp/models/synth-70b.gguf; do
+    for tp in 1 $n; do
+      python3 -m engine.cli bench $m -p 512 -n 128 -r 3 --device cuda -tp $tp 2>&1 | tail -2 | tee -a "$OUT/tp.log"
+    done
+    if [ -x $LLAMA/llama-bench ]; then
+      for sm in layer row; do
+        $LLAMA/llama-bench -m $m -ngl 99 -fa 1 -p 512 -n 128 -r 3 -sm $sm 2>&1 | grep -E "^\|" | tee -a "$OUT/tp.log"
+      done
+    fi
+  done ;;
+tp-serve)
+  m=${2:-/tmp/models/synth-70b.gguf}; secs=${3:-15}; n=${4:-2}
+  bash scripts/device.sh serve-engine $m 32 $secs -tp $n | tee -a "$OUT/tp-serve.log"
+  [ -x $LLAMA/llama-server ] || { echo "llama.cpp not built"; exit 0; }
+  for sm in layer row; do
+    $LLAMA/llama-server -m $m -ngl 99 -fa on -np 32 -c $((32 * 512)) -sm $sm --port 8091 > /tmp/serve-llama-$sm.log 2>&1 < /dev/null &
+    lp=$!
+    for i in $(seq 1 300); do curl -sf http://127.0.0.1:8091/health > /dev/null && break; sleep 1; done
+    python3 scripts/load_test.py --url http://127.0.0.1:8091 --clients 1 --seconds 3 --max-tokens 64 > /dev/null 2>&1
+    echo "llama.cpp -sm $sm $(basename $m) c=32 $(python3 scripts/load_test.py --url http://127.0.0.1:8091 --clients 32 \
+      --seconds $secs --max-tokens 64 2>&1 | tail -1)" | tee -a "$OUT/tp-serve.log"
+    kill $lp; wait $lp 2>/dev/null
+  done ;;
 *)
   echo "usage: $0 wheels | setup | stage CHUNK... | first-token | gpu-tests | models [TREE] | kernels [ARGS] | churn [B,..] |"
-  echo "       http | serve MODEL [SECS] | bench [SECS] | serve-engine MODEL CLIENTS SECS"
+  echo "       http | serve MODEL [SECS] | bench [SECS] | serve-engine MODEL CLIENTS SECS | tp [N] | tp-serve [MODEL] [SECS] [N]"
   exit 2 ;;
 esac

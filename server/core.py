@@ -31,6 +31,7 @@ class CoreConfig:
     warmup: bool = True
     prefix_cache: bool = True
     cuda: object = None                        # engine.cuda.config.CudaConfig (None: the defaults)
+    tensor_parallel: int = 1                   # GPUs the model is split over (engine/parallel)
 
 
 def run_core(cfg: CoreConfig, in_addr: str, out_addr: str) -> None:
@@ -76,9 +77,10 @@ def default_parallel(cfg: CoreConfig) -> int:
     f = GGUFFile(resolve_model(cfg.model))
     c = ModelConfig.from_gguf(f)
     n_ctx = cfg.n_ctx or min(DEFAULT_CTX, c.n_ctx_train)
-    per_slot = 2 * c.n_layer * n_ctx * c.n_head_kv * c.head_dim * (4 if cfg.kv_f32 else 2)
+    n_kv = -(-c.n_head_kv // cfg.tensor_parallel)                        # a rank's KV heads (at most)
+    per_slot = 2 * c.n_layer * n_ctx * n_kv * c.head_dim * (4 if cfg.kv_f32 else 2)
     free, _ = cupy.cuda.runtime.memGetInfo()
-    room = 0.9 * free - f.file_size
+    room = 0.9 * free - f.file_size / cfg.tensor_parallel
     return max(1, min(MAX_DEFAULT_PARALLEL, int(room // per_slot) - 1))
 
 
@@ -90,7 +92,8 @@ class EngineCore:
         self.cfg = cfg
         n_seq = cfg.n_parallel or default_parallel(cfg)
         self.rt = Runtime.load(cfg.model, device=cfg.device, n_ctx=cfg.n_ctx, n_seq=n_seq,
-                               n_ubatch=cfg.n_ubatch, kv_f32=cfg.kv_f32, cuda=cfg.cuda)
+                               n_ubatch=cfg.n_ubatch, kv_f32=cfg.kv_f32, cuda=cfg.cuda,
+                               tensor_parallel=cfg.tensor_parallel)
         self.sched = Scheduler(self.rt, cfg.max_batch_tokens, cfg.prefix_cache)
         self.seq_of: dict[int, int] = {}          # request id -> scheduler sequence id
         self.events: list[Event] = []

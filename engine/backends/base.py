@@ -82,6 +82,7 @@ WARM_UP_CHUNK = 32     # prefill rows of a warm-up step
 class Backend:
     """The interface; see backends/cpu.py for the reference semantics of each operation."""
     name = "abstract"
+    comm = None      # the tensor-parallel group's communicator (engine/parallel/comm.py); None: one rank
 
     def weight(self, info: TensorInfo, data: np.ndarray):
         """A weight tensor (raw GGUF bytes) in whatever form this backend computes with."""
@@ -98,6 +99,14 @@ class Backend:
     def mul_mats(self, ws, x) -> list:
         """[mul_mat(w, x) for w in ws] (q, k, v from one input: a backend may launch them together)."""
         return [self.mul_mat(w, x) for w in ws]
+
+    def all_reduce(self, x):
+        """The sum of x [n, d] over the tensor-parallel ranks (each holds a partial product); x on one rank."""
+        return x if self.comm is None else self.comm.all_reduce(x)
+
+    def gather_vocab(self, x):
+        """Logits [n, n_vocab] from every rank's columns [n, its vocabulary rows], in rank order; x on one rank."""
+        return x if self.comm is None else self.comm.gather_columns(x)
 
     def glu(self, gate, up, x, act: str):
         """The gated FFN's first half: act(x gate^T) * (x up^T), act "silu" (SwiGLU) or "gelu" (GeGLU, tanh)."""

@@ -25,8 +25,9 @@ def model_class(gguf: GGUFFile) -> type[Transformer]:
     return cls
 
 
-def load_model(gguf: GGUFFile, backend) -> Transformer:
-    return model_class(gguf)(gguf, backend, ModelConfig.from_gguf(gguf))
+def load_model(gguf: GGUFFile, backend, shard=None) -> Transformer:
+    """The file's model on a backend; `shard` (engine/parallel/shard.py): one tensor-parallel rank's part of it."""
+    return model_class(gguf)(gguf, backend, ModelConfig.from_gguf(gguf), shard)
 
 
 __all__ = ["ARCHITECTURES", "load_model", "model_class", "ModelLoadError", "ModelConfig"]

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 from ..gguf import GGUFError, GGUFFile, TensorInfo
 from ..quants import UnsupportedTypeError
+from ..parallel.shard import VOCAB_ROWS, Shard
 from .config import ModelConfig
 
 
@@ -13,10 +14,15 @@ class ModelLoadError(ValueError):
 
 
 class Transformer:
-    """Base of the model files: `forward(batch, cache) -> logits [n_out, n_vocab]`."""
+    """Base of the model files: `forward(batch, cache) -> logits [n_out, n_vocab]`.
 
-    def __init__(self, gguf: GGUFFile, backend, config: ModelConfig):
+    Under tensor parallelism (engine/parallel) a model object is one rank's part: `shard` says which heads, FFN
+    columns and vocabulary rows it holds; `cfg` stays the file's whole model. Its forward is the same code: head
+    counts are read off the arrays, and the backend's all_reduce / gather_vocab join the ranks (nothing on one)."""
+
+    def __init__(self, gguf: GGUFFile, backend, config: ModelConfig, shard: Shard | None = None):
         self.gguf, self.B, self.cfg = gguf, backend, config
+        self.shard = shard or Shard.whole(config)
 
     def _info(self, name: str, shape: tuple[int, ...] | None, optional: bool = False):
         """Tensor `name`'s info, its shape (numpy order) checked when given; None if optional and absent."""
@@ -31,27 +37,32 @@ class Transformer:
         return info
 
     def _upload(self, name: str, info: TensorInfo, data):
+        """The backend's form of a tensor (or of this rank's part of it)."""
         try:
             return self.B.weight(info, data)
         except UnsupportedTypeError as e:
             raise ModelLoadError(f"{self.gguf.path}: tensor '{name}': {e}") from None
 
-    def weight(self, name: str, shape: tuple[int, ...] | None = None, optional: bool = False):
-        """Load tensor `name`; `shape` in numpy order (rows, cols) is checked when given."""
+    def weight(self, name: str, shape: tuple[int, ...] | None = None, optional: bool = False, role: str | None = None):
+        """Load tensor `name` (this rank's part of it: the role its name gives, or `role`); `shape` in numpy order
+        (rows, cols), the whole file's, is checked when given."""
         info = self._info(name, shape, optional)
-        return None if info is None else self._upload(name, info, self.gguf.tensor_data(name))
+        if info is None:
+            return None
+        return self._upload(name, *self.shard.cut(info, self.gguf.tensor_data(name), role or self.shard.role(name)))
 
-    def weight_rows(self, name: str, cols: int, row_counts: list[int]) -> list:
+    def weight_rows(self, name: str, cols: int, row_counts: list[int], roles: list[str]) -> list:
         """A fused matrix (Phi-3's attn_qkv, ffn_up) loaded as the matrices its consecutive row ranges are, each
-        still in the file's blocks: [weight of rows 0..n0, of n0..n0+n1, ...]."""
+        still in the file's blocks: [weight of rows 0..n0, of n0..n0+n1, ...]; part i is cut for this rank as a
+        tensor of role roles[i] (engine/parallel/shard.py)."""
         rows = sum(row_counts)
         info = self._info(name, (rows, cols))
         data, row_bytes = self.gguf.tensor_data(name), info.nbytes // rows
         out, r0 = [], 0
-        for n in row_counts:
+        for n, role in zip(row_counts, roles):
             part = TensorInfo(f"{name}[{r0}:{r0 + n}]", info.type, (cols, n), info.offset + r0 * row_bytes,
                               n * row_bytes)
-            out.append(self._upload(name, part, data[r0 * row_bytes:(r0 + n) * row_bytes]))
+            out.append(self._upload(name, *self.shard.cut(part, data[r0 * row_bytes:(r0 + n) * row_bytes], role)))
             r0 += n
         return out
 
@@ -61,7 +72,10 @@ class Transformer:
         self.tok_embd = self.weight("token_embd.weight", (c.n_vocab, c.n_embd))
         self.output_norm = self.weight("output_norm.weight", (c.n_embd,))
         out = self.weight("output.weight", (c.n_vocab, c.n_embd), optional=True)
-        self.output = self.tok_embd if out is None else out
+        if out is None:                                  # tied: the embeddings (a rank's vocabulary rows of them)
+            out = self.tok_embd if self.shard.size == 1 else \
+                self.weight("token_embd.weight", (c.n_vocab, c.n_embd), role=VOCAB_ROWS)
+        self.output = out
 
     def block_weight_names(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         """The attention and gated-FFN weights every block of these architectures has: {attr: (suffix, shape)}."""
@@ -88,8 +102,9 @@ class Transformer:
         """The context the runtime sizes its cache for (LongRoPE picks its factors by it); before the first forward."""
 
     def new_cache(self, n_seq: int, n_ctx: int):
+        """The KV cache of this rank's KV heads."""
         c = self.cfg
-        return self.B.kv_cache(c.n_layer, n_seq, n_ctx, c.n_head_kv, c.head_dim)
+        return self.B.kv_cache(c.n_layer, n_seq, n_ctx, len(self.shard.kv_heads), c.head_dim)
 
 
 __all__ = ["Transformer", "ModelLoadError", "GGUFError"]

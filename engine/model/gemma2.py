@@ -10,8 +10,8 @@ from .gemma3 import Gemma3
 class Gemma2(Gemma3):
     QK_NORM = False
 
-    def __init__(self, gguf, backend, config):
-        super().__init__(gguf, backend, config)
+    def __init__(self, gguf, backend, config, shard=None):
+        super().__init__(gguf, backend, config, shard)
         c = config
         self.attn_cap = gguf.number("attn_logit_softcapping", 0.0, 1e6, 50.0)
         self.final_cap = gguf.number("final_logit_softcapping", 0.0, 1e6, 30.0)

@@ -15,8 +15,8 @@ GLOBAL_EVERY = 6               # layer il is global when il % 6 == 5
 class Gemma3(Transformer):
     QK_NORM = True
 
-    def __init__(self, gguf, backend, config):
-        super().__init__(gguf, backend, config)
+    def __init__(self, gguf, backend, config, shard=None):
+        super().__init__(gguf, backend, config, shard)
         c = config
         self.load_embeddings()
         extra = {
@@ -47,23 +47,24 @@ class Gemma3(Transformer):
         h = B.rms_norm(x, self.layers[0].attn_norm, c.rms_eps)                    # h: [n, n_embd], normed residual
         for il, L in enumerate(self.layers):
             q, k, v = B.mul_mats((L.wq, L.wk, L.wv), h)                       # [n, q_dim], [n, kv_dim] x2
-            q = q.reshape(n, c.n_head, c.head_dim)                            # q: [n, n_head, head_dim]
-            k = k.reshape(n, c.n_head_kv, c.head_dim)                         # k: [n, n_head_kv, head_dim]
-            v = v.reshape(n, c.n_head_kv, c.head_dim)                         # v: [n, n_head_kv, head_dim]
+            q = q.reshape(n, -1, c.head_dim)                 # q: [n, n_head, head_dim]     (n_head, n_head_kv:
+            k = k.reshape(n, -1, c.head_dim)                 # k: [n, n_head_kv, head_dim]   a rank's heads under
+            v = v.reshape(n, -1, c.head_dim)                 # v: [n, n_head_kv, head_dim]   tensor parallelism)
             inv_freq, mscale = self.rope_of(il)
             norms = dict(q_norm=L.q_norm, k_norm=L.k_norm, eps=c.rms_eps) if self.QK_NORM else {}
             q, k = B.rope_qk(q, k, batch.positions, inv_freq, neox=True, mscale=mscale, **norms)
             window = c.sliding_window if self.is_sliding(il) else None
             a = B.attention(q, k, v, cache, il, batch, self.q_scale, window, self.attn_cap)   # [n, n_head*head_dim]
-            x, h = B.add_rms_norm(x, B.mul_mat(L.wo, a), L.ffn_norm, c.rms_eps, r_norm=L.post_attn_norm)
+            o = B.all_reduce(B.mul_mat(L.wo, a))                                  # o: [n, n_embd]
+            x, h = B.add_rms_norm(x, o, L.ffn_norm, c.rms_eps, r_norm=L.post_attn_norm)
             f = B.glu(L.gate, L.up, h, "gelu")                                # f: [n, n_ff]
+            d = B.all_reduce(B.mul_mat(L.down, f))                                # d: [n, n_embd]
             if il + 1 < len(self.layers):                                         # the next layer's attention norm
-                x, h = B.add_rms_norm(x, B.mul_mat(L.down, f), self.layers[il + 1].attn_norm, c.rms_eps,
-                                      r_norm=L.post_ffn_norm)
+                x, h = B.add_rms_norm(x, d, self.layers[il + 1].attn_norm, c.rms_eps, r_norm=L.post_ffn_norm)
             else:
-                x = B.add(x, B.rms_norm(B.mul_mat(L.down, f), L.post_ffn_norm, c.rms_eps))
+                x = B.add(x, B.rms_norm(d, L.post_ffn_norm, c.rms_eps))
         if len(batch.logit_rows) == 0:                                     # a ubatch that only fills the cache
             return None
         x = B.rms_norm(B.rows(x, batch.logit_rows), self.output_norm, c.rms_eps)   # x: [n_out, n_embd]
-        logits = B.mul_mat(self.output, x)                                        # logits: [n_out, n_vocab]
+        logits = B.gather_vocab(B.mul_mat(self.output, x))                        # logits: [n_out, n_vocab]
         return B.softcap(logits, self.final_cap) if self.final_cap else logits

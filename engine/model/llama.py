@@ -15,8 +15,8 @@ class Llama(Transformer):
     QKV_BIAS = False      # attn_q/k/v.bias added after the projections
     QK_NORM = False       # attn_q_norm / attn_k_norm: each head RMS-normed before the rotation
 
-    def __init__(self, gguf, backend, config):
-        super().__init__(gguf, backend, config)
+    def __init__(self, gguf, backend, config, shard=None):
+        super().__init__(gguf, backend, config, shard)
         c = config
         self.load_embeddings()
         self.layers = [self.load_block(il) for il in range(c.n_layer)]
@@ -49,19 +49,21 @@ class Llama(Transformer):
             q, k, v = B.mul_mats((L.wq, L.wk, L.wv), h)                              # [n, q_dim], [n, kv_dim] x2
             if self.QKV_BIAS:
                 q, k, v = B.add(q, L.bq), B.add(k, L.bk), B.add(v, L.bv)
-            q = q.reshape(n, c.n_head, c.head_dim)                            # q: [n, n_head, head_dim]
-            k = k.reshape(n, c.n_head_kv, c.head_dim)                         # k: [n, n_head_kv, head_dim]
-            v = v.reshape(n, c.n_head_kv, c.head_dim)                         # v: [n, n_head_kv, head_dim]
+            q = q.reshape(n, -1, c.head_dim)                 # q: [n, n_head, head_dim]     (n_head, n_head_kv:
+            k = k.reshape(n, -1, c.head_dim)                 # k: [n, n_head_kv, head_dim]   a rank's heads under
+            v = v.reshape(n, -1, c.head_dim)                 # v: [n, n_head_kv, head_dim]   tensor parallelism)
             norms = dict(q_norm=L.q_norm, k_norm=L.k_norm, eps=c.rms_eps) if self.QK_NORM else {}
             q, k = B.rope_qk(q, k, batch.positions, self.inv_freq, neox=self.NEOX, mscale=self.rope_mscale, **norms)
             a = B.attention(q, k, v, cache, il, batch, 1.0 / math.sqrt(c.head_dim), c.sliding_window)
-            x, h = B.add_rms_norm(x, B.mul_mat(L.wo, a), L.ffn_norm, c.rms_eps)   # a: [n, n_head*head_dim]
+            o = B.all_reduce(B.mul_mat(L.wo, a))                              # a: [n, n_head*head_dim], o: [n, n_embd]
+            x, h = B.add_rms_norm(x, o, L.ffn_norm, c.rms_eps)
             f = B.glu(L.gate, L.up, h, "silu")                                # f: [n, n_ff]
+            d = B.all_reduce(B.mul_mat(L.down, f))                            # d: [n, n_embd]
             if il + 1 < len(self.layers):                                  # the next layer's attention norm
-                x, h = B.add_rms_norm(x, B.mul_mat(L.down, f), self.layers[il + 1].attn_norm, c.rms_eps)
+                x, h = B.add_rms_norm(x, d, self.layers[il + 1].attn_norm, c.rms_eps)
             else:
-                x = B.add(x, B.mul_mat(L.down, f))
+                x = B.add(x, d)
         if len(batch.logit_rows) == 0:                                     # a ubatch that only fills the cache
             return None
         x = B.rms_norm(B.rows(x, batch.logit_rows), self.output_norm, c.rms_eps)   # x: [n_out, n_embd]
-        return B.mul_mat(self.output, x)                                   # logits: [n_out, n_vocab]
+        return B.gather_vocab(B.mul_mat(self.output, x))                   # logits: [n_out, n_vocab]

@@ -1,0 +1,253 @@
+"""A tensor-parallel group as the rest of the engine sees it: one model, one cache, one backend.
+
+Rank 0 lives in the caller's process (the CLI, the server's engine core): it holds its own shard and runs the
+scheduler. Every forward and cache operation is sent to the other ranks first, then run on rank 0; the ranks meet in
+the forward's collectives (engine/parallel/comm.py), and rank 0 gets the whole logits.
+
+- On the CPU the other ranks are threads of this process (the stand-in CI tests: the same shards and forward code).
+- On GPUs each rank is a process of its own on GPU `rank` (engine/parallel/worker.py), fed over a pipe, NCCL between.
+
+    backend, model = load_parallel(gguf, 2, device="cuda")
+    cache = model.new_cache(n_seq, n_ctx)
+    logits = backend.forward(model, batch, cache)
+"""
+from __future__ import annotations
+
+import multiprocessing
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+from ..backends import BackendError, cuda_available, get_backend
+from ..gguf import GGUFFile
+from ..model import load_model
+from ..model.config import ModelConfig
+from .comm import LocalComm, NcclComm, ThreadGroup, disable_nvlink_multicast
+from .shard import ffn_unit, plan
+
+START_TIMEOUT_S = 120.0     # a GPU rank's process starting (importing the engine)
+READY_TIMEOUT_S = 900.0     # a GPU rank loading its shard (and its kernels)
+
+
+class ParallelError(RuntimeError):
+    pass
+
+
+class RankState:
+    """One rank: its backend, model shard and cache, and the operations rank 0 sends it."""
+
+    def __init__(self, backend, model):
+        self.backend, self.model, self.cache = backend, model, None
+
+    def set_context(self, n_ctx):
+        self.model.set_context(n_ctx)
+
+    def new_cache(self, n_seq, n_ctx):
+        self.cache = self.model.new_cache(n_seq, n_ctx)
+        return self.cache
+
+    def forward(self, batch):
+        return self.backend.forward(self.model, batch, self.cache)
+
+    def copy_prefix(self, src, dst, n):
+        self.cache.copy_prefix(src, dst, n)
+
+
+class ThreadRank:
+    """A rank that is a thread of this process (its operations run in order on its own thread)."""
+
+    def __init__(self, state: RankState, group: ThreadGroup):
+        self.state, self.group = state, group
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="engine-rank")
+        self.pending = None
+
+    def submit(self, op: str, *args) -> None:
+        def run():
+            try:
+                getattr(self.state, op)(*args)
+            except BaseException:
+                self.group.abort()           # the others wait in a collective: release them
+                raise
+        self.pending = self.pool.submit(run)
+
+    def wait(self) -> None:
+        self.pending.result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False)
+
+
+class ProcessRank:
+    """A rank that is a process on its own GPU; each operation is acknowledged once it is queued on the GPU."""
+
+    def __init__(self, rank: int, process, conn):
+        self.rank, self.process, self.conn = rank, process, conn
+
+    def submit(self, op: str, *args) -> None:
+        self.conn.send((op, args))
+
+    def wait(self, timeout: float | None = None):
+        """-> the operation's detail (at load: the tensor parts it holds as f32)."""
+        if timeout is not None and not self.conn.poll(timeout):
+            raise ParallelError(f"tensor-parallel rank {self.rank} did not answer in {timeout:.0f} s")
+        try:
+            status, detail = self.conn.recv()
+        except (EOFError, OSError):
+            raise ParallelError(f"tensor-parallel rank {self.rank} stopped (exit code {self.process.exitcode})") \
+                from None
+        if status != "ok":
+            raise ParallelError(f"tensor-parallel rank {self.rank}: {detail}")
+        return detail
+
+    def close(self) -> None:
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.process.join(5)
+        if self.process.is_alive():
+            self.process.terminate()
+
+
+class ParallelGroup:
+    """Rank 0's state and handles on the others; run() sends an operation to all and returns rank 0's result."""
+
+    def __init__(self, local: RankState, ranks: list, on_error=None):
+        self.local, self.ranks, self.on_error = local, ranks, on_error
+        self.broken: str | None = None
+
+    @property
+    def size(self) -> int:
+        return 1 + len(self.ranks)
+
+    def run(self, op: str, *args):
+        if self.broken:
+            raise ParallelError(f"the tensor-parallel group is broken ({self.broken}); restart the engine")
+        try:
+            for r in self.ranks:
+                r.submit(op, *args)
+            try:
+                out = getattr(self.local, op)(*args)
+            except BaseException:
+                if self.on_error:
+                    self.on_error()
+                raise
+            for r in self.ranks:
+                r.wait()
+            return out
+        except BaseException as e:
+            self.broken = f"{type(e).__name__}: {e}"
+            raise
+
+    def close(self) -> None:
+        for r in self.ranks:
+            r.close()
+        self.ranks = []
+
+
+class ParallelCache:
+    """Rank 0's KV cache; copy_prefix runs on every rank."""
+
+    def __init__(self, group: ParallelGroup, local):
+        self.group, self.local = group, local
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        self.group.run("copy_prefix", src, dst, n)
+
+    def __getattr__(self, name):
+        return getattr(self.local, name)
+
+
+class ParallelModel:
+    """Rank 0's model shard; set_context and new_cache run on every rank."""
+
+    def __init__(self, group: ParallelGroup):
+        self.group = group
+        self.local = group.local.model
+
+    def set_context(self, n_ctx) -> None:
+        self.group.run("set_context", n_ctx)
+
+    def new_cache(self, n_seq: int, n_ctx: int) -> ParallelCache:
+        return ParallelCache(self.group, self.group.run("new_cache", n_seq, n_ctx))
+
+    def __getattr__(self, name):
+        return getattr(self.local, name)
+
+
+class ParallelBackend:
+    """Rank 0's backend; forward runs on every rank (rank 0 returns the whole logits), the rest is rank 0's."""
+
+    def __init__(self, group: ParallelGroup):
+        self.group = group
+        self.inner = group.local.backend
+        self.tensor_parallel = group.size
+
+    def forward(self, model, batch, cache):
+        return self.group.run("forward", batch)
+
+    def close(self) -> None:
+        self.group.close()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def load_parallel(gguf: GGUFFile, size: int, device: str = "auto", exact: bool = False, kv_f32: bool = False,
+                  cuda=None) -> tuple[ParallelBackend, ParallelModel]:
+    """The model split over `size` ranks: threads on the CPU, one process per GPU on CUDA."""
+    cfg = ModelConfig.from_gguf(gguf)
+    shards = plan(cfg, size, ffn_unit(gguf, cfg.n_ff))
+    if device == "auto":
+        device = "cuda" if not exact and cuda_available() else "cpu"
+    if device == "cpu":
+        group = ThreadGroup(size)
+        states = []
+        for shard in shards:
+            backend = get_backend("cpu", exact)
+            backend.comm = LocalComm(group, shard.rank)
+            states.append(RankState(backend, load_model(gguf, backend, shard)))
+        pg = ParallelGroup(states[0], [ThreadRank(s, group) for s in states[1:]], on_error=group.abort)
+        return ParallelBackend(pg), ParallelModel(pg)
+    if device != "cuda":
+        raise BackendError(f"unknown device {device!r} (cpu, cuda or auto)")
+    return _load_cuda(gguf, shards, kv_f32, cuda)
+
+
+def _load_cuda(gguf: GGUFFile, shards, kv_f32: bool, cuda) -> tuple[ParallelBackend, ParallelModel]:
+    import cupy as cp
+
+    from .worker import rank_main
+    size = len(shards)
+    if not cuda_available() or cp.cuda.runtime.getDeviceCount() < size:
+        n = cp.cuda.runtime.getDeviceCount() if cuda_available() else 0
+        raise BackendError(f"--tensor-parallel {size}: {n} CUDA GPU(s) visible, one per rank is needed")
+    disable_nvlink_multicast()
+    uid = NcclComm.unique_id()
+    widths = [len(s.vocab) for s in shards]
+    ctx = multiprocessing.get_context("spawn")
+    ranks = []
+    for shard in shards[1:]:
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=rank_main, args=(gguf.path, shard, uid, widths, kv_f32, cuda, child),
+                        name=f"engine-rank{shard.rank}", daemon=True)
+        p.start()
+        child.close()
+        ranks.append(ProcessRank(shard.rank, p, parent))
+    try:
+        for r in ranks:                    # (a rank that failed to start would leave NCCL's init waiting forever)
+            r.wait(START_TIMEOUT_S)
+        cp.cuda.Device(0).use()
+        backend = get_backend("cuda", kv_f32=kv_f32, cuda=cuda)
+        backend.comm = NcclComm(size, uid, 0, widths)                # joins when every rank has
+        model = load_model(gguf, backend, shards[0])
+        backend.prepare_kernels()
+        expanded = shards[0].expanded + [name for r in ranks for name in r.wait(READY_TIMEOUT_S)]
+    except BaseException:
+        for r in ranks:
+            r.process.terminate()
+        raise
+    if expanded:
+        print(f"engine: {len(expanded)} tensor parts held as f32 (a rank's split falls inside quant blocks), "
+              f"e.g. {expanded[0]}", file=sys.stderr)
+    pg = ParallelGroup(RankState(backend, model), ranks)
+    return ParallelBackend(pg), ParallelModel(pg)

@@ -1,0 +1,193 @@
+"""Tensor parallelism on the CPU stand-in: N ranks as threads of one process on the numpy backend, each holding its
+shard (engine/parallel/shard.py), joined by the same all-reduce and gather the GPU ranks do over NCCL. The split
+model's float64 logits equal the whole model's; its greedy tokens are the same."""
+import numpy as np
+import pytest
+
+from engine.gguf import GGUFFile
+from engine.model.config import ModelConfig
+from engine.parallel.group import ParallelError
+from engine.parallel.shard import FF_COLS, Q_COLS, Shard, ShardError, ffn_unit, plan
+from engine.quants import GGMLType, dequantize, random_blocks
+from engine.gguf import TensorInfo
+from engine.runtime import Runtime
+from engine.sampling import SamplingParams
+from tiny_archs import ARCHS, prompt_tokens, write_arch
+from tiny_models import write_tiny
+
+EXACT = 1e-10     # float64 logits of the split model against the whole model's (max abs difference)
+
+
+def config(n_head, n_head_kv, n_ff=1024, n_vocab=1000, head_dim=64):
+    return ModelConfig("llama", 1, 512, n_ff, n_head, n_head_kv, head_dim, head_dim, 1e4, 1e-6, 1024, n_vocab)
+
+
+@pytest.mark.parametrize("heads", [(9, 3), (4, 1), (32, 8), (8, 2), (6, 6), (12, 4)])
+@pytest.mark.parametrize("size", [2, 3, 4, 8])
+def test_plan_covers_every_head_once_and_keeps_gqa(heads, size):
+    n_head, n_kv = heads
+    cfg = config(n_head, n_kv)
+    if n_head < size:
+        with pytest.raises(ShardError, match="attention heads"):
+            plan(cfg, size)
+        return
+    shards = plan(cfg, size, ff_unit=256)
+    assert [h for s in shards for h in s.q_heads] == list(range(n_head))
+    assert [c for s in shards for c in s.ff] == list(range(cfg.n_ff))
+    assert [v for s in shards for v in s.vocab] == list(range(cfg.n_vocab))
+    group = n_head // n_kv
+    for s in shards:
+        assert len(s.q_heads) % len(s.kv_heads) == 0
+        local_group = len(s.q_heads) // len(s.kv_heads)
+        for i, h in enumerate(s.q_heads):            # a rank's attention is plain GQA over the KV heads it holds
+            assert s.kv_heads[i // local_group] == h // group
+        if s.ff.start % 256 == 0 and cfg.n_ff // 256 >= size:
+            assert s.ff.stop % 256 == 0
+
+
+def test_cut_inside_blocks_is_held_as_f32():
+    rng = np.random.default_rng()
+    rows, cols = 8, 512
+    data = random_blocks(GGMLType.Q4_K, rows * cols // 256, rng).reshape(-1)
+    info = TensorInfo("blk.0.attn_output.weight", GGMLType.Q4_K, (cols, rows), 0, data.nbytes)
+    whole = dequantize(data, GGMLType.Q4_K, (rows, cols))
+    cfg = config(8, 8, n_ff=cols, head_dim=64)
+    aligned = plan(cfg, 2, ff_unit=256)[1]             # columns 256..512: whole blocks
+    part_info, part = aligned.cut(info, data, FF_COLS)
+    assert part_info.type == GGMLType.Q4_K and not aligned.expanded
+    assert np.array_equal(dequantize(part, part_info.type, part_info.np_shape), whole[:, 256:])
+    inside = plan(cfg, 4)[1]                           # heads 2..4: columns 128..256, inside the first block
+    part_info, part = inside.cut(info, data, Q_COLS)
+    assert part_info.type == GGMLType.F32 and inside.expanded
+    assert np.array_equal(dequantize(part, part_info.type, part_info.np_shape), whole[:, 128:256])
+
+
+def split_and_whole(path, size, **kw):
+    whole = Runtime(GGUFFile(path), device="cpu", exact=True, **kw)
+    split = Runtime(GGUFFile(path), device="cpu", exact=True, tensor_parallel=size, **kw)
+    return whole, split
+
+
+def logits64(rt, tokens):
+    """float64 logits of every position of one ubatch (the backend's own array, not the float32 copy)."""
+    return np.asarray(rt.prefill(tokens, all_logits=True, on_device=True), dtype=np.float64)
+
+
+def greedy_decode(rt, prompt, n):
+    """n greedy tokens through the decode path -> (tokens, float64 logits of each step)."""
+    logits = logits64(rt, prompt)[-1:]
+    toks, steps = [], []
+    for i in range(n):
+        steps.append(logits[0])
+        toks.append(int(np.argmax(logits[0])))
+        b = rt.forward([toks[-1]], [len(prompt) + i], [0], [0])
+        logits = np.asarray(b, dtype=np.float64)
+    return toks, np.array(steps)
+
+
+@pytest.mark.parametrize("name", ARCHS)
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_tiny_architectures_split_equal_whole(tmp_path, name, size):
+    """Biases, fused tensors (Phi-3), capped scores and logits (Gemma 2), every rope variant, uneven splits."""
+    path = write_arch(tmp_path / f"{name}.gguf", name)
+    whole, split = split_and_whole(path, size, n_ctx=128)
+    prompt = prompt_tokens()
+    assert np.abs(logits64(split, prompt) - logits64(whole, prompt)).max() <= EXACT
+    toks_w, steps_w = greedy_decode(whole, prompt, 8)
+    toks_s, steps_s = greedy_decode(split, prompt, 8)
+    assert toks_s == toks_w
+    assert np.abs(steps_s - steps_w).max() <= EXACT
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("size", [2, 4])
+def test_kquant_splits_inside_blocks(tmp_path, arch, size):
+    """K-quant attn_output / ffn_down whose split boundary falls inside a 256-block: held as f32, still exact."""
+    path = write_tiny(tmp_path / f"{arch}.gguf", arch)
+    whole, split = split_and_whole(path, size, n_ctx=128)
+    shards = [split.model.shard] + [r.state.model.shard for r in split.model.group.ranks]
+    assert any(s.expanded for s in shards)
+    prompt = list(np.random.default_rng().integers(0, 320, 40))
+    assert np.abs(logits64(split, prompt) - logits64(whole, prompt)).max() <= EXACT
+
+
+def test_scheduler_batches_and_shared_prefixes(tmp_path, monkeypatch):
+    """Several sequences in one step, prompts that reuse a cached prefix (copied between slots): every rank's cache
+    follows rank 0's, the tokens equal the whole model's."""
+    from engine.parallel.group import ParallelCache
+    from engine.scheduler import Request, Scheduler, TokenEvent
+    copies = []
+    copy_prefix = ParallelCache.copy_prefix
+    monkeypatch.setattr(ParallelCache, "copy_prefix", lambda self, *a: (copies.append(a), copy_prefix(self, *a)))
+    path = write_arch(tmp_path / "llama3.gguf", "llama3")
+    shared = prompt_tokens(seed=1, n=40)
+    waves = [[shared + [5, 6], prompt_tokens(seed=2, n=20), shared[:36] + [1]], [shared + [7], shared[:38] + [9, 9]]]
+    outs, hits = [], []
+    for size in (1, 2):
+        rt = Runtime(GGUFFile(path), device="cpu", exact=True, n_ctx=128, n_seq=3, tensor_parallel=size)
+        sched = Scheduler(rt, 16)
+        events = []
+        for wave in waves:                       # the second wave finds the first's prompts in the slots
+            for p in wave:
+                ev = []
+                events.append(ev)
+                sched.submit(Request(p, SamplingParams(temperature=0), 10, ignore_eos=True), ev.append)
+            while sched.step():
+                pass
+        outs.append([[e.token for e in ev if isinstance(e, TokenEvent)] for ev in events])
+        hits.append(sched.stats.prefix_cache_hits)
+    assert outs[0] == outs[1] and all(len(t) == 10 for t in outs[0])
+    assert hits[0] == hits[1] >= 2 and copies
+
+
+def test_a_failing_rank_breaks_the_group_with_an_error(tmp_path):
+    path = write_arch(tmp_path / "llama3.gguf", "llama3")
+    rt = Runtime(GGUFFile(path), device="cpu", exact=True, n_ctx=64, tensor_parallel=2)
+    rank1 = rt.model.group.ranks[0].state
+    rank1.forward = lambda batch: (_ for _ in ()).throw(MemoryError("rank 1 out of memory"))
+    with pytest.raises(Exception):
+        rt.prefill(prompt_tokens(n=8))
+    with pytest.raises(ParallelError, match="broken"):
+        rt.prefill(prompt_tokens(n=8))
+
+
+def test_more_ranks_than_heads_is_refused(tmp_path):
+    path = write_arch(tmp_path / "llama3.gguf", "llama3")
+    with pytest.raises(ShardError, match="4 attention heads"):
+        Runtime(GGUFFile(path), device="cpu", tensor_parallel=8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", ["smol", "gemma"])
+@pytest.mark.parametrize("size", [2, 4])
+def test_real_models_split_equal_whole(model_path, key, size):
+    """Both real models at N = 2 and 4: float64 logits to 1e-10, greedy-32 through the decode path identical."""
+    path = model_path(key)
+    f = GGUFFile(path)
+    cfg = ModelConfig.from_gguf(f)
+    assert all(s.ff.start % ffn_unit(f, cfg.n_ff) == 0 for s in plan(cfg, size, ffn_unit(f, cfg.n_ff)))
+    whole, split = split_and_whole(path, size, n_ctx=256)
+    prompt = whole.tokenizer.encode("The three most important inventions of the twentieth century were")
+    assert np.abs(logits64(split, prompt) - logits64(whole, prompt)).max() <= EXACT
+    toks_w, steps_w = greedy_decode(whole, prompt, 32)
+    toks_s, steps_s = greedy_decode(split, prompt, 32)
+    assert toks_s == toks_w
+    assert np.abs(steps_s - steps_w).max() <= EXACT
+
+
+@pytest.mark.slow
+def test_serve_split_over_two_ranks(model_path):
+    """`engine serve -tp 2` (the engine core then starts the other rank): the same greedy completion as `engine
+    generate` without the split, and a clean exit on SIGTERM."""
+    import httpx
+    from test_server import PROMPT, generate_cli, start_server
+    model_path("smol")
+    proc, base = start_server("-tp", "2", "--parallel", "2")
+    try:
+        r = httpx.post(base + "/v1/completions", json={"model": "smollm2-135m", "prompt": PROMPT, "max_tokens": 12,
+                                                       "temperature": 0, "ignore_eos": True}, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == generate_cli(PROMPT, 12)["text"]
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) is not None
