@@ -644,7 +644,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
             if spec is None:
                 return stream(mc, body, cid, created, "chat.completion.chunk", head, choice_of, request, t0)
 
-            async def tool_deltas():             # with tools: content as it comes, each call when it closes
+            async def tool_deltas():             # with tools: content as it comes, calls (tools.CallStream)
                 parsers, n_calls = [CallStream(spec) for _ in range(body.n)], [0] * body.n
                 try:
                     async for d in mc.deltas():
@@ -652,7 +652,10 @@ def create_app(cfg: ServerConfig) -> FastAPI:
                         for kind, value in p.feed(d.text) + (p.finish() if d.finish_reason else []):
                             if kind == "content":
                                 delta = {"content": value}
-                            else:
+                            elif kind == "call_args":         # a fragment of the call that call_head opened
+                                delta = {"tool_calls": [{"index": n_calls[d.index] - 1,
+                                                         "function": {"arguments": value}}]}
+                            else:                             # a whole call, or the head of a streamed one
                                 delta = {"tool_calls": [{"index": n_calls[d.index], **value}]}
                                 n_calls[d.index] += 1
                             yield {"index": d.index, "delta": delta, "finish_reason": None, "logprobs": None}

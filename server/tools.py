@@ -19,6 +19,8 @@ from engine.grammar import JSON_STYLE
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 RESULT_OPEN, RESULT_CLOSE = "<tool_response>", "</tool_response>"
 _CALL_RE = re.compile(re.escape(CALL_OPEN) + r"\s*(.*?)\s*" + re.escape(CALL_CLOSE), re.S)
+# the start of a call as call_grammar writes it, up to its arguments' first character
+_CALL_HEAD_RE = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
 
 
 class ToolError(ValueError):
@@ -153,13 +155,20 @@ def _as_call(raw: str, spec: ToolSpec) -> dict | None:
 
 
 class CallStream:
-    """A streamed reply split as it comes into content pieces and whole calls, each call as soon as its
-    </tool_call> arrives: feed(text) and finish() return [("content", str) | ("call", OpenAI tool_call)]. A reply that
-    starts with "{" may be one bare JSON call: it is held to the end. A block that is not a call of the request's
-    tools stays content; whitespace around calls is dropped, as parse_calls drops it."""
+    """A streamed reply split as it comes into content pieces and calls: feed(text) and finish() return
+    [("content", str) | ("call", OpenAI tool_call) | ("call_head", tool_call with empty arguments) | ("call_args",
+    str)]. A reply that starts with "{" may be one bare JSON call: it is held to the end. A block that is not a call of
+    the request's tools stays content; whitespace around calls is dropped, as parse_calls drops it.
+
+    With tool_choice "auto" each call goes out whole when its </tool_call> arrives (until then it may yet turn out not
+    to be a call). With "required" or a named function the grammar (call_grammar) makes every block a valid call, so
+    it streams as OpenAI's do: a "call_head" (id, name) as soon as the name is written, then "call_args" fragments of
+    the arguments' JSON as it comes, whose concatenation is that JSON."""
 
     def __init__(self, spec: ToolSpec):
         self.spec, self.buf, self.mode, self.ws, self.calls = spec, "", "start", "", 0
+        self.incremental = spec.mode in ("required", "named")
+        self.args_at = 0                 # mode "args": where in buf the arguments' unsent text starts
 
     def _content(self, text: str) -> list:
         """Content out, its trailing whitespace held until text follows (dropped before and after a call)."""
@@ -191,7 +200,34 @@ class CallStream:
                     return out
                 out += self._content(self.buf[:i])
                 self.buf, self.mode = self.buf[i:], "call"
+            if self.mode == "call" and self.incremental:
+                m = _CALL_HEAD_RE.match(self.buf, len(CALL_OPEN))
+                if m and m.end() < len(self.buf):              # the name is complete (the arguments have begun)
+                    name = json.loads(f'"{m.group(1)}"')
+                    if name in self.spec.names:
+                        self.ws = ""
+                        out.append(("call_head", {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                                                  "function": {"name": name, "arguments": ""}}))
+                        self.mode, self.args_at = "args", m.end()
             j = self.buf.find(CALL_CLOSE)
+            if self.mode == "args":
+                if j < 0:                         # hold back what may be the call's closing "}" and CALL_CLOSE
+                    b = self.buf
+                    k = next((n for n in range(min(len(CALL_CLOSE) - 1, len(b)), 0, -1)
+                              if CALL_CLOSE.startswith(b[-n:])), 0)
+                    b = b[:len(b) - k].rstrip()
+                    end = len(b[:-1].rstrip() if b.endswith("}") else b)
+                    if end > self.args_at:
+                        out.append(("call_args", self.buf[self.args_at:end]))
+                        self.args_at = end
+                    return out
+                body = self.buf[:j].rstrip()
+                body = body[:-1].rstrip() if body.endswith("}") else body     # the call object's closing brace
+                if len(body) > self.args_at:
+                    out.append(("call_args", body[self.args_at:]))
+                self.buf, self.mode = self.buf[j + len(CALL_CLOSE):], "text"
+                self.calls += 1
+                continue
             if j < 0:
                 return out
             block, self.buf = self.buf[:j + len(CALL_CLOSE)], self.buf[j + len(CALL_CLOSE):]
@@ -206,6 +242,11 @@ class CallStream:
 
     def finish(self) -> list:
         rest, self.buf = self.buf, ""
+        if self.mode == "args":                   # cut off inside a call (max_tokens): what came of its arguments
+            self.mode = "text"
+            self.calls += 1
+            tail = rest[self.args_at:]
+            return [("call_args", tail)] if tail else []
         if self.mode == "json":
             call = _as_call(rest.strip(), self.spec)
             if call is not None:

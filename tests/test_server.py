@@ -268,7 +268,7 @@ def test_tool_calls(server, client):
                                            temperature=1.0, seed=seed, max_tokens=80)
         assert r.choices[0].finish_reason == "tool_calls"
         check_calls(r.choices[0].message.tool_calls)
-    calls = {}
+    calls, pieces = {}, {}
     for chunk in client.chat.completions.create(model="smollm2-135m", messages=messages, tools=TOOLS,
                                                 tool_choice="required", temperature=1.0, seed=9, max_tokens=80,
                                                 stream=True):
@@ -276,7 +276,9 @@ def test_tool_calls(server, client):
             calls.setdefault(tc.index, {"function": {"name": "", "arguments": ""}})
             calls[tc.index]["function"]["name"] += tc.function.name or ""
             calls[tc.index]["function"]["arguments"] += tc.function.arguments or ""
+            pieces[tc.index] = pieces.get(tc.index, 0) + bool(tc.function.arguments)
     check_calls(list(calls.values()))
+    assert pieces and all(n > 1 for n in pieces.values())   # the arguments streamed as they were written
     r = client.chat.completions.create(model="smollm2-135m", messages=messages, tools=TOOLS, max_tokens=60,
                                        tool_choice={"type": "function", "function": {"name": "add"}}, temperature=0)
     check_calls(r.choices[0].message.tool_calls, {"add"})

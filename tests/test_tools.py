@@ -98,3 +98,37 @@ def test_call_stream_sends_text_and_calls_early():
     out = parser.feed(CALL_CLOSE)
     assert len(out) == 1 and out[0][0] == "call" and json.loads(out[0][1]["function"]["arguments"]) == {"city": "Rome"}
     assert parser.finish() == []
+
+
+@pytest.mark.parametrize("step", [1, 2, 5, 1000])
+def test_constrained_calls_stream_their_arguments(step):
+    """tool_choice required: each call's head (id, name) goes out once its name is written, then its arguments in
+    fragments that concatenate to the arguments' JSON; the closing brace and </tool_call> never leak into them."""
+    spec = tool_spec([WEATHER, TIME], "required")
+    args = [{"city": 'Oslo, "Norway" } {'}, {}]
+    text = "".join(f'{CALL_OPEN}{{"name": "{n}", "arguments": {json.dumps(a)}}}{ws}{CALL_CLOSE}'
+                   for n, a, ws in zip(["get_weather", "get_time"], args, ["", " \n"]))
+    parser, items = CallStream(spec), []
+    for i in range(0, len(text), step):
+        items += parser.feed(text[i:i + step])
+    items += parser.finish()
+    assert [k for k, _ in items if k != "call_args"] == ["call_head", "call_head"]
+    calls, frags = [], []
+    for kind, value in items:
+        if kind == "call_head":
+            calls.append((value["function"]["name"], []))
+            assert value["id"].startswith("call_") and value["function"]["arguments"] == ""
+        else:
+            calls[-1][1].append(value)
+            frags.append(value)
+    assert [(n, json.loads("".join(f))) for n, f in calls] == [("get_weather", args[0]), ("get_time", args[1])]
+    if step == 1:
+        assert len(calls[0][1]) > 5                      # the arguments came as they were written
+    assert parser.calls == 2
+
+
+def test_constrained_call_cut_short_keeps_what_came():
+    spec = tool_spec([WEATHER], "required")
+    parser = CallStream(spec)
+    items = parser.feed(f'{CALL_OPEN}{{"name": "get_weather", "arguments": {{"city": "Ber') + parser.finish()
+    assert items[0][0] == "call_head" and "".join(v for k, v in items[1:]) == '{"city": "Ber'
