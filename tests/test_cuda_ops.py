@@ -148,6 +148,9 @@ def test_glu_and_embed(backends):
     table = upload(GGMLType.Q8_0, (50, 256), blocks)
     tokens = rng.integers(0, 50, 9).astype(np.int32)
     np.testing.assert_array_equal(gpu.embed(table, tokens).get(), dequantize(blocks, GGMLType.Q8_0, (50, 256))[tokens])
+    shard_tokens = rng.integers(0, 200, 9).astype(np.int32)        # a rank holding vocabulary rows 100..149
+    np.testing.assert_array_equal(gpu.embed(table, shard_tokens, 100).get(),
+                                  cpu.embed(dequantize(blocks, GGMLType.Q8_0, (50, 256)), shard_tokens, 100))
 
 
 def test_argmax(backends):

@@ -140,6 +140,22 @@ def test_scheduler_batches_and_shared_prefixes(tmp_path, monkeypatch):
     assert hits[0] == hits[1] >= 2 and copies
 
 
+def test_embeddings_and_output_are_split_by_vocabulary(tmp_path):
+    """Each rank holds its vocabulary rows of token_embd (tied: the output matrix is the same shard); a token's
+    embedding comes from its rank, zeros from the others."""
+    path = write_arch(tmp_path / "gemma2.gguf", "gemma2")
+    rt = Runtime(GGUFFile(path), device="cpu", exact=True, n_ctx=64, tensor_parallel=3)
+    models = [rt.model.local] + [r.state.model for r in rt.model.group.ranks]
+    assert [m.tok_embd.shape[0] for m in models] == [len(m.shard.vocab) for m in models]
+    assert sum(len(m.shard.vocab) for m in models) == rt.config.n_vocab
+    assert all(m.output is m.tok_embd for m in models) == (GGUFFile(path).tensors.get("output.weight") is None)
+    tokens = np.array([0, 150, 319, 106, 107], np.int32)
+    ours = models[1].B.embed(models[1].tok_embd, tokens, models[1].shard.vocab.start)
+    v = models[1].shard.vocab
+    for t, row in zip(tokens, ours):
+        assert (row == models[1].tok_embd[t - v.start]).all() if t in v else not row.any()
+
+
 def test_a_failing_rank_breaks_the_group_with_an_error(tmp_path):
     path = write_arch(tmp_path / "llama3.gguf", "llama3")
     rt = Runtime(GGUFFile(path), device="cpu", exact=True, n_ctx=64, tensor_parallel=2)

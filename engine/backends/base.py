@@ -88,8 +88,9 @@ class Backend:
         """A weight tensor (raw GGUF bytes) in whatever form this backend computes with."""
         raise NotImplementedError
 
-    def embed(self, table, tokens: np.ndarray):
-        """Rows of an embedding table: -> [n, n_embd]."""
+    def embed(self, table, tokens: np.ndarray, first: int | None = None):
+        """Rows of an embedding table: -> [n, n_embd]. With `first`, the table holds the rows of tokens first..
+        first + len(table) - 1 (a tensor-parallel rank's vocabulary): other tokens get zero rows."""
         raise NotImplementedError
 
     def mul_mat(self, w, x):

@@ -23,8 +23,12 @@ class CPUBackend(Backend):
     def weight(self, info: TensorInfo, data: np.ndarray) -> np.ndarray:
         return dequantize(data, info.type, info.np_shape).astype(self.dtype, copy=False)
 
-    def embed(self, table, tokens):
-        return table[tokens]                                            # [n, n_embd]
+    def embed(self, table, tokens, first=None):
+        if first is None:
+            return table[tokens]                                        # [n, n_embd]
+        local = tokens - first
+        ours = (local >= 0) & (local < len(table))
+        return table[np.where(ours, local, 0)] * ours[:, None]
 
     def mul_mat(self, w, x):
         return x @ w.T                                                  # [n, k] @ [k, m] -> [n, m]

@@ -112,11 +112,18 @@ class CUDABackend(Backend):
     def prepare_kernels(self) -> None:
         build.prepare(self._qtypes)
 
-    def embed(self, table: GPUWeight, tokens):
-        idx = self._dev(tokens)
+    def embed(self, table: GPUWeight, tokens, first=None):
+        idx = self._dev(tokens)                 # on the device (a graph's input buffer): the masking below replays
+        ours = None
+        if first is not None:
+            local = idx - np.int32(first)
+            ours = (local >= 0) & (local < table.m)
+            idx = cp.where(ours, local, 0).astype(cp.int32)
         if table.quantized:
-            return launch.dequantize(table, "f32", rows=idx)                 # [n, n_embd]
-        return table.data[idx].astype(cp.float32)
+            rows = launch.dequantize(table, "f32", rows=idx)                 # [n, n_embd]
+        else:
+            rows = table.data[idx].astype(cp.float32)
+        return rows if ours is None else rows * ours[:, None]
 
     def mul_mat(self, w: GPUWeight, x):
         return dispatch.mul_mat(w, cp.ascontiguousarray(x, dtype=cp.float32), acts=self.acts)

@@ -67,15 +67,21 @@ class Transformer:
         return out
 
     def load_embeddings(self) -> None:
-        """token_embd, output_norm, and output (the token embeddings when the file ties them)."""
+        """token_embd, output_norm, and output (the token embeddings when the file ties them). Under tensor
+        parallelism both hold a rank's vocabulary rows."""
         c = self.cfg
-        self.tok_embd = self.weight("token_embd.weight", (c.n_vocab, c.n_embd))
+        rows = VOCAB_ROWS if self.shard.size > 1 else None
+        self.tok_embd = self.weight("token_embd.weight", (c.n_vocab, c.n_embd), role=rows)
         self.output_norm = self.weight("output_norm.weight", (c.n_embd,))
         out = self.weight("output.weight", (c.n_vocab, c.n_embd), optional=True)
-        if out is None:                                  # tied: the embeddings (a rank's vocabulary rows of them)
-            out = self.tok_embd if self.shard.size == 1 else \
-                self.weight("token_embd.weight", (c.n_vocab, c.n_embd), role=VOCAB_ROWS)
-        self.output = out
+        self.output = self.tok_embd if out is None else out
+
+    def embed(self, tokens):
+        """The tokens' embeddings [n, n_embd]. Split over ranks, each rank gives the rows of the tokens in its
+        vocabulary and zeros for the others', summed by the all-reduce."""
+        if self.shard.size == 1:
+            return self.B.embed(self.tok_embd, tokens)
+        return self.B.all_reduce(self.B.embed(self.tok_embd, tokens, self.shard.vocab.start))
 
     def block_weight_names(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         """The attention and gated-FFN weights every block of these architectures has: {attr: (suffix, shape)}."""

@@ -43,7 +43,7 @@ class Gemma3(Transformer):
     def forward(self, batch: Batch, cache):
         B, c = self.B, self.cfg
         n = len(batch.tokens)
-        x = B.scale(B.embed(self.tok_embd, batch.tokens), math.sqrt(c.n_embd))   # x: [n, n_embd]
+        x = B.scale(self.embed(batch.tokens), math.sqrt(c.n_embd))               # x: [n, n_embd]
         h = B.rms_norm(x, self.layers[0].attn_norm, c.rms_eps)                    # h: [n, n_embd], normed residual
         for il, L in enumerate(self.layers):
             q, k, v = B.mul_mats((L.wq, L.wk, L.wv), h)                       # [n, q_dim], [n, kv_dim] x2

@@ -43,7 +43,7 @@ class Llama(Transformer):
     def forward(self, batch: Batch, cache):
         B, c = self.B, self.cfg
         n = len(batch.tokens)
-        x = B.embed(self.tok_embd, batch.tokens)                          # x: [n, n_embd]
+        x = self.embed(batch.tokens)                                       # x: [n, n_embd]
         h = B.rms_norm(x, self.layers[0].attn_norm, c.rms_eps)             # h: [n, n_embd], the normed residual
         for il, L in enumerate(self.layers):
             q, k, v = B.mul_mats((L.wq, L.wk, L.wv), h)                              # [n, q_dim], [n, kv_dim] x2
