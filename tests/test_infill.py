@@ -9,6 +9,7 @@ import pytest
 
 from engine.gguf import GGUFFile
 from engine.tokenizer import Tokenizer
+from server.messages import HEARTBEAT_S
 from test_server import free_port
 from tiny_archs import write_arch
 
@@ -88,18 +89,27 @@ def test_slots_show_each_kv_slot(tiny_server):
     assert [s["id"] for s in slots] == [0, 1] and not any(s["is_processing"] for s in slots)
     assert all(s["n_ctx"] == 256 for s in slots)
     done = threading.Event()
+    first_chunk = threading.Event()
 
-    def generate():
-        httpx.post(base + "/completion", json={"prompt": "hello", "n_predict": 200, "ignore_eos": True}, timeout=60)
+    def generate():                                   # streamed: the slot is asked for once the first token is out
+        with httpx.stream("POST", base + "/completion", json={"prompt": "hello", "n_predict": 200,
+                                                               "ignore_eos": True, "stream": True}, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    first_chunk.set()
         done.set()
     threading.Thread(target=generate, daemon=True).start()
+    assert first_chunk.wait(30)
     seen = []
-    deadline = time.time() + 30
-    while time.time() < deadline and not done.is_set():
+    while not seen and not done.is_set():
+        seen += [s for s in httpx.get(base + "/slots", timeout=10).json() if s["is_processing"]]
+    while not done.is_set():
         seen += [s for s in httpx.get(base + "/slots", timeout=10).json() if s["is_processing"]]
         time.sleep(0.02)
     assert seen, "the generating request never showed in /slots"
     assert seen[0]["n_prompt_tokens"] == 5 and seen[-1]["n_past"] >= seen[0]["n_past"]
     assert done.wait(60)
-    time.sleep(0.5)                                      # the next heartbeat carries the free slot
-    assert not any(s["is_processing"] for s in httpx.get(base + "/slots", timeout=10).json())
+    deadline = time.time() + 3 * HEARTBEAT_S              # a heartbeat at the latest carries the free slot
+    while any(s["is_processing"] for s in httpx.get(base + "/slots", timeout=10).json()):
+        assert time.time() < deadline, "the slot stayed busy after its request ended"
+        time.sleep(0.05)
