@@ -7,7 +7,8 @@ once, so that CI compares the engine against them without torch.
 
 Each architecture's file is written from its seed, loaded by transformers' own GGUF loader (float32, CPU), and run on
 tests/tiny_archs.prompt_tokens(): the logits of every position, and 16 greedy tokens after the first 8. Two things
-the loader does not read are given to the config: the head size (attention.key_length, mapped for some
+the loader does not read are given to the config (Mistral's window: the llama file's weights are loaded into
+transformers' Mistral with it): the head size (attention.key_length, mapped for some
 architectures only), Gemma 2's caps and query scale, and, for Llama 3, `rope_type: llama3` with the parameters the file's rope_freqs.weight was
 computed from (transformers computes its own frequencies from them).
 """
@@ -23,7 +24,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent / d) for d in ("tests", "")]   # tiny_archs, engine
 from tiny_archs import (ARCHS, GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP, HD, LLAMA3_ROPE, LONGROPE_N_ROT,  # noqa: E402
-                        LONGROPE_ORIG_CTX, ROPE_BASE, YARN_FACTOR, YARN_ORIG_CTX, longrope_factors,
+                        LONGROPE_ORIG_CTX, MISTRAL_WINDOW, ROPE_BASE, YARN_FACTOR, YARN_ORIG_CTX, longrope_factors,
                         prompt_tokens, write_arch)
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "transformers"
@@ -58,6 +59,13 @@ def record(name: str, folder: Path) -> dict:
         else:
             config.rope_scaling = params
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, config=config, dtype=torch.float32).eval()
+    if name == "mistral":                # a llama file: its weights in transformers' Mistral, with the window
+        fields = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
+        mistral = transformers.MistralConfig(**{**fields, "sliding_window": MISTRAL_WINDOW})
+        mistral._attn_implementation = "eager"
+        state = model.state_dict()
+        model = transformers.MistralForCausalLM(mistral).to(torch.float32).eval()
+        model.load_state_dict(state)
     tokens = prompt_tokens()
     # LongRoPE: transformers picks the factors by the sequence's length, llama.cpp and the engine by the context, so
     # the greedy run starts past the original context too
@@ -69,7 +77,7 @@ def record(name: str, folder: Path) -> dict:
     greedy = out[0, n_prompt:].tolist()
     np.savez_compressed(OUT / f"{name}.npz", tokens=np.array(tokens, np.int32), logits=logits.astype(np.float32),
                         greedy=np.array(greedy, np.int32), greedy_prompt=np.int32(n_prompt))
-    return {"model_type": config.model_type, "positions": len(tokens), "greedy": greedy}
+    return {"model_type": model.config.model_type, "positions": len(tokens), "greedy": greedy}
 
 
 def main() -> None:

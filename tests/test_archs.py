@@ -176,3 +176,18 @@ def test_yarn_matters(files, monkeypatch):
     monkeypatch.setattr(RopeScaling, "from_gguf", classmethod(lambda cls, f: cls()))
     rt = Runtime.load(files["qwen2_yarn"], device="cpu", exact=True, n_ctx=128)
     assert np.abs(teacher_forced(rt, ref["tokens"].tolist()) - ref["logits"]).max() > 1e-2 * span
+
+
+def test_mistral_window_matters(files, monkeypatch):
+    """A llama file with attention.sliding_window (Mistral 7B v0.1's) attends to its window only: ignoring the window
+    is measurably off transformers' Mistral (so the comparison above can fail)."""
+    import dataclasses
+    from engine.model.config import ModelConfig
+    ref = reference("mistral")
+    span = float(ref["logits"].max() - ref["logits"].min())
+    from_gguf = ModelConfig.from_gguf
+    monkeypatch.setattr(ModelConfig, "from_gguf",
+                        classmethod(lambda cls, f: dataclasses.replace(from_gguf(f), sliding_window=None)))
+    rt = Runtime.load(files["mistral"], device="cpu", exact=True, n_ctx=128)
+    assert rt.config.sliding_window is None
+    assert np.abs(teacher_forced(rt, ref["tokens"].tolist()) - ref["logits"]).max() > 1e-2 * span

@@ -19,9 +19,9 @@ ROPE_BASE = 10000.0
 # span the unscaled, smoothed and scaled bands
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}
-ARCHS = ("llama3", "qwen2", "qwen2_yarn", "qwen3", "phi3", "phi3_longrope", "gemma2")
+ARCHS = ("llama3", "qwen2", "qwen2_yarn", "qwen3", "phi3", "phi3_longrope", "gemma2", "mistral")
 GGUF_ARCH = {"llama3": "llama", "qwen2": "qwen2", "qwen2_yarn": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-             "phi3_longrope": "phi3", "gemma2": "gemma2"}
+             "phi3_longrope": "phi3", "gemma2": "gemma2", "mistral": "llama"}
 # YaRN (Qwen 2.5's long-context setting) with an original context short enough that the 48-token references cross it
 YARN_FACTOR, YARN_ORIG_CTX = 4.0, 16
 # Phi-3.5's LongRoPE on a partial rotation (Phi-4-mini's 3/4 of the head): factors for contexts up to
@@ -30,6 +30,9 @@ LONGROPE_ORIG_CTX, LONGROPE_N_ROT = 32, 48
 LONGROPE_ATTN_FACTOR = math.sqrt(1 + math.log(1024 / LONGROPE_ORIG_CTX) / math.log(LONGROPE_ORIG_CTX))
 # Gemma 2's caps and window, small enough that the tiny model's scores and logits reach them
 GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP, GEMMA2_WINDOW = 5.0, 3.0, 16
+# Mistral 7B v0.1's sliding window (a llama file with attention.sliding_window), short enough that the references'
+# 48 positions run past it
+MISTRAL_WINDOW = 16
 
 
 def llama3_rope_factors(head_dim: int, base: float, p: dict) -> np.ndarray:
@@ -94,6 +97,8 @@ def write_arch(path, name: str, seed: int = 0) -> str:
         w.add_attn_logit_softcapping(GEMMA2_ATTN_CAP)
         w.add_final_logit_softcapping(GEMMA2_FINAL_CAP)
         w.add_sliding_window(GEMMA2_WINDOW)
+    if name == "mistral":
+        w.add_sliding_window(MISTRAL_WINDOW)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(vocabulary())
