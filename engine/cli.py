@@ -58,7 +58,9 @@ def cmd_info(args) -> int:
                        ("head_count_kv", cfg.n_head_kv), ("head_dim", cfg.head_dim),
                        ("rope.dimension_count", cfg.n_rot), ("rope.freq_base", cfg.rope_base),
                        ("rms_eps", cfg.rms_eps), ("context_length", cfg.n_ctx_train),
-                       ("sliding_window", cfg.sliding_window)]:
+                       ("sliding_window", cfg.sliding_window), ("expert_count", cfg.n_expert or None),
+                       ("expert_used_count", cfg.n_expert_used or None),
+                       ("expert_feed_forward_length", cfg.n_ff_exp or None)]:
         if value is not None:
             print(f"  {key + ':':22s} {value}")
     tok = Tokenizer(f)

@@ -19,9 +19,12 @@ ROPE_BASE = 10000.0
 # span the unscaled, smoothed and scaled bands
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}
-ARCHS = ("llama3", "qwen2", "qwen2_yarn", "qwen3", "phi3", "phi3_longrope", "gemma2", "mistral")
+ARCHS = ("llama3", "qwen2", "qwen2_yarn", "qwen3", "phi3", "phi3_longrope", "gemma2", "mistral", "qwen3moe")
 GGUF_ARCH = {"llama3": "llama", "qwen2": "qwen2", "qwen2_yarn": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-             "phi3_longrope": "phi3", "gemma2": "gemma2", "mistral": "llama"}
+             "phi3_longrope": "phi3", "gemma2": "gemma2", "mistral": "llama", "qwen3moe": "qwen3moe"}
+MOE_ARCHS = ("qwen3moe",)      # CPU only so far (no expert kernels on the GPU, no split over ranks)
+# Qwen3-MoE: experts, experts per token, an expert's FFN width
+N_EXPERT, N_EXPERT_USED, F_EXP = 4, 2, 64
 # YaRN (Qwen 2.5's long-context setting) with an original context short enough that the 48-token references cross it
 YARN_FACTOR, YARN_ORIG_CTX = 4.0, 16
 # Phi-3.5's LongRoPE on a partial rotation (Phi-4-mini's 3/4 of the head): factors for contexts up to
@@ -99,14 +102,21 @@ def write_arch(path, name: str, seed: int = 0) -> str:
         w.add_sliding_window(GEMMA2_WINDOW)
     if name == "mistral":
         w.add_sliding_window(MISTRAL_WINDOW)
+    if name == "qwen3moe":
+        w.add_expert_count(N_EXPERT)
+        w.add_expert_used_count(N_EXPERT_USED)
+        w.add_expert_feed_forward_length(F_EXP)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(vocabulary())
     w.add_token_types([1] * N_VOCAB)
     w.add_token_merges(["Ġ t"])
 
-    def q8(name_, rows, cols, scale=0.08):
+    def q8(name_, rows, cols, scale=0.08, shape=None):
+        """rows x cols Q8_0 values; shape: the leading dimensions the rows are (an experts' tensor: (n, rows/n))."""
         data = gq.quantize((rng.standard_normal((rows, cols)) * scale).astype(np.float32), GT.Q8_0)
+        if shape is not None:
+            data = data.reshape(*shape, data.shape[-1])
         w.add_tensor(name_, data, raw_shape=data.shape, raw_dtype=GT.Q8_0)
 
     def f32(name_, n, mean=0.0, scale=0.1):
@@ -133,7 +143,7 @@ def write_arch(path, name: str, seed: int = 0) -> str:
             f32(f"blk.{i}.attn_q.bias", H * HD, scale=0.2)
             f32(f"blk.{i}.attn_k.bias", HK * HD, scale=0.2)
             f32(f"blk.{i}.attn_v.bias", HK * HD, scale=0.2)
-        if name == "qwen3":
+        if name.startswith("qwen3"):
             f32(f"blk.{i}.attn_q_norm.weight", HD, mean=1.0)
             f32(f"blk.{i}.attn_k_norm.weight", HD, mean=1.0)
         if name == "gemma2":
@@ -142,10 +152,16 @@ def write_arch(path, name: str, seed: int = 0) -> str:
         f32(f"blk.{i}.ffn_norm.weight", E, mean=1.0)
         if name.startswith("phi3"):            # fused: [gate; up] rows
             q8(f"blk.{i}.ffn_up.weight", 2 * F, E)
+        elif name == "qwen3moe":               # the router and the experts' [n_expert, rows, cols] tensors
+            w.add_tensor(f"blk.{i}.ffn_gate_inp.weight", (0.3 * rng.standard_normal((N_EXPERT, E))).astype(np.float32))
+            q8(f"blk.{i}.ffn_gate_exps.weight", N_EXPERT * F_EXP, E, shape=(N_EXPERT, F_EXP))
+            q8(f"blk.{i}.ffn_up_exps.weight", N_EXPERT * F_EXP, E, shape=(N_EXPERT, F_EXP))
+            q8(f"blk.{i}.ffn_down_exps.weight", N_EXPERT * E, F_EXP, shape=(N_EXPERT, E))
         else:
             q8(f"blk.{i}.ffn_gate.weight", F, E)
             q8(f"blk.{i}.ffn_up.weight", F, E)
-        q8(f"blk.{i}.ffn_down.weight", E, F)
+        if name != "qwen3moe":
+            q8(f"blk.{i}.ffn_down.weight", E, F)
     f32("output_norm.weight", E, mean=1.0)
     if name not in ("qwen2", "qwen2_yarn", "gemma2"):   # Qwen2's small models, Gemma 2: output tied to embeddings
         q8("output.weight", N_VOCAB, E, scale=0.3)

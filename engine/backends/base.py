@@ -83,6 +83,7 @@ class Backend:
     """The interface; see backends/cpu.py for the reference semantics of each operation."""
     name = "abstract"
     comm = None      # the tensor-parallel group's communicator (engine/parallel/comm.py); None: one rank
+    supports_moe = False   # implements moe() (mixture-of-experts FFNs)
 
     def weight(self, info: TensorInfo, data: np.ndarray):
         """A weight tensor (raw GGUF bytes) in whatever form this backend computes with."""
@@ -113,6 +114,12 @@ class Backend:
         """The gated FFN's first half: act(x gate^T) * (x up^T), act "silu" (SwiGLU) or "gelu" (GeGLU, tanh)."""
         g, u = self.mul_mat(gate, x), self.mul_mat(up, x)
         return self.swiglu(g, u) if act == "silu" else self.geglu(g, u)
+
+    def moe(self, router, gates: list, ups: list, downs: list, x, k: int, act: str):
+        """A mixture-of-experts FFN on x [n, d] -> [n, d]: router [n_expert, d] scores each row's experts, softmax
+        over all of them, the k best taken with their probabilities renormalized to sum to one; the row's output is
+        the weighted sum of those experts' glu(gates[e], ups[e], x, act) times downs[e]."""
+        raise NotImplementedError(f"the {self.name} backend has no mixture-of-experts layers")
 
     def rms_norm(self, x, w, eps: float):
         """RMS norm over the last axis, times w."""

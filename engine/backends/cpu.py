@@ -15,6 +15,7 @@ from .base import Backend, Batch, KVCache
 
 class CPUBackend(Backend):
     name = "cpu"
+    supports_moe = True
 
     def __init__(self, exact: bool = False):
         self.exact = exact
@@ -32,6 +33,20 @@ class CPUBackend(Backend):
 
     def mul_mat(self, w, x):
         return x @ w.T                                                  # [n, k] @ [k, m] -> [n, m]
+
+    def moe(self, router, gates, ups, downs, x, k, act):
+        logits = self.mul_mat(router, x)                                # [n, n_expert]
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        top = np.argsort(-p, axis=1, kind="stable")[:, :k]                # [n, k]: the chosen experts, best first
+        w = np.take_along_axis(p, top, axis=1)
+        w /= w.sum(axis=1, keepdims=True)
+        out = np.zeros_like(x)
+        for e in np.unique(top):
+            rows, j = np.nonzero(top == e)
+            y = self.mul_mat(downs[e], self.glu(gates[e], ups[e], x[rows], act))
+            out[rows] += w[rows, j][:, None] * y
+        return out
 
     def rms_norm(self, x, w, eps):
         ms = np.mean(np.square(x), axis=-1, keepdims=True)

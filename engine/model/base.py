@@ -66,6 +66,16 @@ class Transformer:
             r0 += n
         return out
 
+    def expert_weights(self, name: str, shape: tuple[int, int, int]) -> list:
+        """A mixture-of-experts tensor [n_expert, rows, cols] (numpy order) loaded as one weight per expert, each
+        still in the file's blocks."""
+        info = self._info(name, shape)
+        data, n = self.gguf.tensor_data(name), shape[0]
+        per = info.nbytes // n
+        return [self._upload(name, TensorInfo(f"{name}[{e}]", info.type, (shape[2], shape[1]),
+                                              info.offset + e * per, per), data[e * per:(e + 1) * per])
+                for e in range(n)]
+
     def load_embeddings(self) -> None:
         """token_embd, output_norm, and output (the token embeddings when the file ties them). Under tensor
         parallelism both hold a rank's vocabulary rows."""

@@ -13,6 +13,7 @@ MAX_HEAD_DIM = 1 << 12
 MAX_LAYERS = 1 << 10
 MAX_VOCAB = 1 << 22
 MAX_CTX = 1 << 24
+MAX_EXPERTS = 1 << 10
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,9 @@ class ModelConfig:
     n_vocab: int
     sliding_window: int | None = None
     rope_scaling: RopeScaling = RopeScaling()
+    n_expert: int = 0       # mixture of experts: experts per layer (0: a dense FFN)
+    n_expert_used: int = 0  # experts each token is routed to
+    n_ff_exp: int = 0       # an expert's FFN width
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
@@ -50,6 +54,10 @@ class ModelConfig:
         if n_tokens and n_tokens != n_vocab:
             raise GGUFError(f"{f.path}: vocab_size {n_vocab} but the tokenizer lists {n_tokens} tokens")
         window = f.integer("attention.sliding_window", 0, MAX_CTX, default=0)
+        n_expert = f.integer("expert_count", 0, MAX_EXPERTS, default=0)
+        n_expert_used = f.integer("expert_used_count", 0, n_expert, default=0)
+        if n_expert and not n_expert_used:
+            raise GGUFError(f"{f.path}: expert_count {n_expert} without expert_used_count")
         return cls(
             architecture=f.architecture,
             n_layer=f.integer("block_count", 1, MAX_LAYERS),
@@ -65,4 +73,7 @@ class ModelConfig:
             n_vocab=n_vocab,
             sliding_window=window or None,
             rope_scaling=RopeScaling.from_gguf(f),
+            n_expert=n_expert,
+            n_expert_used=n_expert_used,
+            n_ff_exp=f.integer("expert_feed_forward_length", 1, MAX_DIM, default=0) if n_expert else 0,
         )

@@ -40,6 +40,11 @@ class Llama(Transformer):
             names |= {"q_norm": ("attn_q_norm.weight", (c.head_dim,)), "k_norm": ("attn_k_norm.weight", (c.head_dim,))}
         return self.layer_weights(il, names)
 
+    def ffn(self, L, h):
+        """The block's FFN on the normed residual h [n, n_embd] -> [n, n_embd] (summed over the ranks)."""
+        f = self.B.glu(L.gate, L.up, h, "silu")                               # f: [n, n_ff]
+        return self.B.all_reduce(self.B.mul_mat(L.down, f))
+
     def forward(self, batch: Batch, cache):
         B, c = self.B, self.cfg
         n = len(batch.tokens)
@@ -57,8 +62,7 @@ class Llama(Transformer):
             a = B.attention(q, k, v, cache, il, batch, 1.0 / math.sqrt(c.head_dim), c.sliding_window)
             o = B.all_reduce(B.mul_mat(L.wo, a))                              # a: [n, n_head*head_dim], o: [n, n_embd]
             x, h = B.add_rms_norm(x, o, L.ffn_norm, c.rms_eps)
-            f = B.glu(L.gate, L.up, h, "silu")                                # f: [n, n_ff]
-            d = B.all_reduce(B.mul_mat(L.down, f))                            # d: [n, n_embd]
+            d = self.ffn(L, h)                                                # d: [n, n_embd]
             if il + 1 < len(self.layers):                                  # the next layer's attention norm
                 x, h = B.add_rms_norm(x, d, self.layers[il + 1].attn_norm, c.rms_eps)
             else:

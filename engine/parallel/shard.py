@@ -129,6 +129,8 @@ def plan(cfg, size: int, ff_unit: int = 1) -> list[Shard]:
         raise ShardError(f"tensor parallelism over {size} ranks")
     if size == 1:
         return [Shard.whole(cfg)]
+    if cfg.n_expert:
+        raise ShardError(f"--tensor-parallel {size}: mixture-of-experts models are not split yet")
     if cfg.n_head < size:
         raise ShardError(f"--tensor-parallel {size}: the model has {cfg.n_head} attention heads, fewer than the ranks")
     group = cfg.n_head // cfg.n_head_kv
