@@ -160,6 +160,49 @@ def test_embeddings_and_output_are_split_by_vocabulary(tmp_path):
         assert (row == models[1].tok_embd[t - v.start]).all() if t in v else not row.any()
 
 
+@pytest.mark.parametrize("size", [2, 3])
+def test_process_ranks_equal_whole(tmp_path, size):
+    """Ranks as processes (the GPU ranks' protocol: spawn, start, ready, operations acknowledged over pipes), their
+    sums through rank 0: the same float64 logits as the whole model, through prefill, decode and a copied prefix."""
+    from engine.parallel.group import load_parallel
+    path = write_arch(tmp_path / "qwen2.gguf", "qwen2")
+    whole = Runtime(GGUFFile(path), device="cpu", exact=True, n_ctx=64, n_seq=2)
+    backend, model = load_parallel(GGUFFile(path), size, device="cpu", exact=True, processes=True)
+    try:
+        assert all(r.process.is_alive() for r in model.group.ranks) and len(model.group.ranks) == size - 1
+        model.set_context(64)
+        cache = model.new_cache(2, 64)
+        from engine.backends.base import Batch
+        prompt = prompt_tokens(n=20)
+        got = backend.forward(model, Batch.single(prompt, 0, 0, all_logits=True), cache)
+        want = whole.backend.forward(whole.model, Batch.single(prompt, 0, 0, all_logits=True), whole.cache)
+        assert np.abs(got - want).max() <= EXACT
+        cache.copy_prefix(0, 1, 20)                     # slot 1 continues from slot 0's prefix on every rank
+        whole.cache.copy_prefix(0, 1, 20)
+        step = Batch.make([5, 7], [20, 20], [0, 1], [0, 1])
+        assert np.abs(backend.forward(model, step, cache) -
+                      whole.backend.forward(whole.model, step, whole.cache)).max() <= EXACT
+    finally:
+        backend.close()
+
+
+def test_a_stopped_rank_process_is_an_error_not_a_hang(tmp_path):
+    from engine.parallel.group import ParallelError, load_parallel
+    from engine.backends.base import Batch
+    path = write_arch(tmp_path / "llama3.gguf", "llama3")
+    backend, model = load_parallel(GGUFFile(path), 2, device="cpu", exact=True, processes=True)
+    model.set_context(64)
+    cache = model.new_cache(1, 64)
+    rank1 = model.group.ranks[0].process
+    rank1.kill()
+    rank1.join(10)
+    with pytest.raises(Exception, match="rank 1"):
+        backend.forward(model, Batch.single(prompt_tokens(n=8), 0, 0), cache)
+    with pytest.raises(ParallelError, match="broken"):
+        backend.forward(model, Batch.single(prompt_tokens(n=8), 0, 0), cache)
+    backend.close()
+
+
 def test_a_failing_rank_breaks_the_group_with_an_error(tmp_path):
     path = write_arch(tmp_path / "llama3.gguf", "llama3")
     rt = Runtime(GGUFFile(path), device="cpu", exact=True, n_ctx=64, tensor_parallel=2)

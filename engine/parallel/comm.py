@@ -1,6 +1,8 @@
 """The collectives a tensor-parallel forward needs: all-reduce of partial products, gather of vocabulary columns.
 
 - ThreadGroup / LocalComm: ranks that are threads of one process over numpy arrays (the CPU stand-in CI tests).
+- PipeHub / PipeComm: ranks that are processes on the CPU, their arrays through rank 0 over the pipes that carry the
+  operations (what CI runs of the GPU ranks' process protocol).
 - NcclComm: one process per GPU, NCCL through CuPy's bindings, on the current stream (so it is captured in the CUDA
   graphs of a step like any kernel).
 
@@ -58,6 +60,59 @@ class LocalComm:
 
     def gather_columns(self, x):
         return np.concatenate(self._exchange(x), axis=-1)
+
+
+class CollectiveError(RuntimeError):
+    """A rank failed inside a collective (its message is the failure)."""
+
+
+class PipeComm:
+    """A CPU rank process's side: its array to rank 0 over its pipe, the sum back."""
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def all_reduce(self, x):
+        self.conn.send(("partial", x))
+        tag, total = self.conn.recv()
+        if tag != "sum":
+            raise CollectiveError(f"rank 0: {total}")
+        return total
+
+    def gather_columns(self, x):
+        self.conn.send(("partial", x))
+        return x                              # the whole logits are rank 0's only
+
+
+class PipeHub:
+    """Rank 0's side of PipeComm: the other ranks' arrays from their pipes, summed (or joined) in rank order."""
+
+    def __init__(self, conns: list):
+        self.conns = conns
+
+    def _parts(self, x) -> list:
+        parts = [x]
+        for r, conn in enumerate(self.conns, 1):
+            try:
+                tag, value = conn.recv()
+            except (EOFError, OSError):
+                raise CollectiveError(f"rank {r} stopped") from None
+            if tag != "partial":
+                raise CollectiveError(f"rank {r}: {value}")
+            parts.append(value)
+        return parts
+
+    def all_reduce(self, x):
+        parts = self._parts(x)
+        total = parts[0].copy()
+        for p in parts[1:]:
+            total += p
+        for conn in self.conns:
+            conn.send(("sum", total))
+        return total
+
+    def gather_columns(self, x):
+        return np.concatenate(self._parts(x), axis=-1)
 
 
 NCCL_FLOAT32, NCCL_SUM = 7, 0     # ncclDataType_t ncclFloat32, ncclRedOp_t ncclSum (nccl.h)

@@ -4,7 +4,9 @@ Rank 0 lives in the caller's process (the CLI, the server's engine core): it hol
 scheduler. Every forward and cache operation is sent to the other ranks first, then run on rank 0; the ranks meet in
 the forward's collectives (engine/parallel/comm.py), and rank 0 gets the whole logits.
 
-- On the CPU the other ranks are threads of this process (the stand-in CI tests: the same shards and forward code).
+- On the CPU the other ranks are threads of this process (the stand-in CI tests: the same shards and forward code),
+  or with processes=True processes, as on GPUs, their collectives through rank 0's pipes (the GPU ranks' protocol,
+  tested where no GPU is).
 - On GPUs each rank is a process of its own on GPU `rank` (engine/parallel/worker.py), fed over a pipe, NCCL between.
 
     backend, model = load_parallel(gguf, 2, device="cuda")
@@ -21,7 +23,7 @@ from ..backends import BackendError, cuda_available, get_backend
 from ..gguf import GGUFFile
 from ..model import load_model
 from ..model.config import ModelConfig
-from .comm import LocalComm, NcclComm, ThreadGroup, disable_nvlink_multicast
+from .comm import LocalComm, NcclComm, PipeHub, ThreadGroup, disable_nvlink_multicast
 from .shard import ffn_unit, plan
 
 START_TIMEOUT_S = 120.0     # a GPU rank's process starting (importing the engine)
@@ -77,13 +79,17 @@ class ThreadRank:
 
 
 class ProcessRank:
-    """A rank that is a process on its own GPU; each operation is acknowledged once it is queued on the GPU."""
+    """A rank that is a process (on its own GPU); each operation is acknowledged once done (on a GPU: queued)."""
 
     def __init__(self, rank: int, process, conn):
         self.rank, self.process, self.conn = rank, process, conn
 
     def submit(self, op: str, *args) -> None:
-        self.conn.send((op, args))
+        try:
+            self.conn.send((op, args))
+        except OSError:
+            raise ParallelError(f"tensor-parallel rank {self.rank} stopped (exit code {self.process.exitcode})") \
+                from None
 
     def wait(self, timeout: float | None = None):
         """-> the operation's detail (at load: the tensor parts it holds as f32)."""
@@ -193,13 +199,15 @@ class ParallelBackend:
 
 
 def load_parallel(gguf: GGUFFile, size: int, device: str = "auto", exact: bool = False, kv_f32: bool = False,
-                  cuda=None) -> tuple[ParallelBackend, ParallelModel]:
-    """The model split over `size` ranks: threads on the CPU, one process per GPU on CUDA."""
+                  cuda=None, processes: bool = False) -> tuple[ParallelBackend, ParallelModel]:
+    """The model split over `size` ranks: one process per GPU on CUDA; threads on the CPU, or processes."""
     cfg = ModelConfig.from_gguf(gguf)
     shards = plan(cfg, size, ffn_unit(gguf, cfg.n_ff))
     if device == "auto":
         device = "cuda" if not exact and cuda_available() else "cpu"
-    if device == "cpu":
+    if device not in ("cpu", "cuda"):
+        raise BackendError(f"unknown device {device!r} (cpu, cuda or auto)")
+    if device == "cpu" and not processes:
         group = ThreadGroup(size)
         states = []
         for shard in shards:
@@ -208,27 +216,26 @@ def load_parallel(gguf: GGUFFile, size: int, device: str = "auto", exact: bool =
             states.append(RankState(backend, load_model(gguf, backend, shard)))
         pg = ParallelGroup(states[0], [ThreadRank(s, group) for s in states[1:]], on_error=group.abort)
         return ParallelBackend(pg), ParallelModel(pg)
-    if device != "cuda":
-        raise BackendError(f"unknown device {device!r} (cpu, cuda or auto)")
-    return _load_cuda(gguf, shards, kv_f32, cuda)
+    return _load_processes(gguf, shards, device, exact, kv_f32, cuda)
 
 
-def _load_cuda(gguf: GGUFFile, shards, kv_f32: bool, cuda) -> tuple[ParallelBackend, ParallelModel]:
-    import cupy as cp
-
+def _load_processes(gguf: GGUFFile, shards, device: str, exact: bool, kv_f32: bool, cuda):
+    """Ranks 1.. as processes (worker.rank_main), rank 0 here."""
     from .worker import rank_main
     size = len(shards)
-    if not cuda_available() or cp.cuda.runtime.getDeviceCount() < size:
-        n = cp.cuda.runtime.getDeviceCount() if cuda_available() else 0
-        raise BackendError(f"--tensor-parallel {size}: {n} CUDA GPU(s) visible, one per rank is needed")
-    disable_nvlink_multicast()
-    uid = NcclComm.unique_id()
-    widths = [len(s.vocab) for s in shards]
+    uid, widths = None, [len(s.vocab) for s in shards]
+    if device == "cuda":
+        import cupy as cp
+        if not cuda_available() or cp.cuda.runtime.getDeviceCount() < size:
+            n = cp.cuda.runtime.getDeviceCount() if cuda_available() else 0
+            raise BackendError(f"--tensor-parallel {size}: {n} CUDA GPU(s) visible, one per rank is needed")
+        disable_nvlink_multicast()
+        uid = NcclComm.unique_id()
     ctx = multiprocessing.get_context("spawn")
     ranks = []
     for shard in shards[1:]:
         parent, child = ctx.Pipe()
-        p = ctx.Process(target=rank_main, args=(gguf.path, shard, uid, widths, kv_f32, cuda, child),
+        p = ctx.Process(target=rank_main, args=(gguf.path, shard, device, uid, widths, exact, kv_f32, cuda, child),
                         name=f"engine-rank{shard.rank}", daemon=True)
         p.start()
         child.close()
@@ -236,9 +243,13 @@ def _load_cuda(gguf: GGUFFile, shards, kv_f32: bool, cuda) -> tuple[ParallelBack
     try:
         for r in ranks:                    # (a rank that failed to start would leave NCCL's init waiting forever)
             r.wait(START_TIMEOUT_S)
-        cp.cuda.Device(0).use()
-        backend = get_backend("cuda", kv_f32=kv_f32, cuda=cuda)
-        backend.comm = NcclComm(size, uid, 0, widths)                # joins when every rank has
+        if device == "cuda":
+            cp.cuda.Device(0).use()
+            backend = get_backend("cuda", kv_f32=kv_f32, cuda=cuda)
+            backend.comm = NcclComm(size, uid, 0, widths)            # joins when every rank has
+        else:
+            backend = get_backend("cpu", exact)
+            backend.comm = PipeHub([r.conn for r in ranks])
         model = load_model(gguf, backend, shards[0])
         backend.prepare_kernels()
         expanded = shards[0].expanded + [name for r in ranks for name in r.wait(READY_TIMEOUT_S)]
