@@ -26,6 +26,20 @@ def add_gpu_flags(s) -> None:
                    help="every mul_mat through this kernel path where it takes the shape (default: the dispatch chain)")
     s.add_argument("-tp", "--tensor-parallel", type=int, default=1, metavar="N",
                    help="split the model over N GPUs, one process each, NCCL between (on the CPU: N threads)")
+    s.add_argument("--tp-local", type=int, default=None, metavar="K",
+                   help="ranks 0..K-1 here, the others from other hosts (`engine tp-worker`; default: all here)")
+    s.add_argument("--tp-listen", default=None, metavar="HOST:PORT", help="where other hosts' ranks connect")
+    s.add_argument("--tp-key", default=None, help="the secret other hosts' ranks present (--tp-listen)")
+
+
+def _parallel(args):
+    """The ParallelConfig the flags ask for (-tp, --tp-local, --tp-listen, --tp-key), or the plain rank count."""
+    from .parallel.config import ParallelConfig
+    if args.tp_local is None and args.tp_listen is None:
+        return args.tensor_parallel
+    cfg = ParallelConfig(args.tensor_parallel, args.tp_local, args.tp_listen, args.tp_key)
+    cfg.validate()
+    return cfg
 
 
 def _cuda_config(args):
@@ -136,7 +150,7 @@ def _load_for_sampling(args, model: str | None):
     if args.n < -1:
         raise ValueError("-n must be >= 0, or -1 (until the end of generation or the context)")
     rt = Runtime.load(model, device=args.device, n_ctx=args.ctx, n_ubatch=args.ubatch, kv_f32=args.kv_f32,
-                      cuda=_cuda_config(args), tensor_parallel=args.tensor_parallel)
+                      cuda=_cuda_config(args), tensor_parallel=_parallel(args))
     params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             repeat_penalty=args.repeat_penalty, seed=args.seed)
     return rt, params, (args.n if args.n >= 0 else rt.n_ctx)
@@ -267,7 +281,7 @@ def cmd_serve(args) -> int:
             return _fail(f"--{name.replace('_', '-')} must be >= {0 if name == 'max_queue' else 1}")
     core = CoreConfig(model, device=args.device, n_parallel=args.parallel, n_ctx=args.ctx, n_ubatch=args.ubatch,
                       max_batch_tokens=args.max_batch_tokens, kv_f32=args.kv_f32, prefix_cache=args.prefix_cache,
-                      cuda=_cuda_config(args), tensor_parallel=args.tensor_parallel)
+                      cuda=_cuda_config(args), tensor_parallel=_parallel(args))
     cfg = ServerConfig(core, api_key=_api_key(args), model_id=args.model if args.model in hub.MODELS else None,
                        max_body_bytes=int(args.max_body_mb * (1 << 20)), max_queue=args.max_queue,
                        stall_s=args.core_timeout, cors=args.cors, metrics_key=args.metrics_key)
@@ -307,6 +321,27 @@ def cmd_fetch(args) -> int:
     return 0
 
 
+# -- tp-worker -------------------------------------------------------------------------------------------------
+def cmd_tp_worker(args) -> int:
+    """One process per rank of --ranks, each joining rank 0 (engine/parallel/worker.py join_main); waits for all."""
+    import multiprocessing
+
+    from .parallel.config import address
+    from .parallel.worker import join_process
+    first, sep, last = args.ranks.partition("-")
+    if not (first.isdigit() and (not sep or last.isdigit())) or int(first) < 1 or int(last or first) < int(first):
+        return _fail(f"--ranks {args.ranks!r}: give A-B with 1 <= A <= B (rank 0 is the one listening)", 2)
+    host_port = address(args.address)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=join_process, args=(host_port, args.key, r, r - int(first), args.model, args.wait),
+                         name=f"engine-rank{r}") for r in range(int(first), int(last or first) + 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    return max(p.exitcode or 0 for p in procs)
+
+
 # -- bench -----------------------------------------------------------------------------------------------------
 def cmd_bench(args) -> int:
     from pathlib import Path
@@ -316,7 +351,7 @@ def cmd_bench(args) -> int:
 
     n_ctx = max(args.p, args.n) + 16
     rt = Runtime.load(args.model, device=args.device, n_ctx=n_ctx, n_ubatch=args.ubatch, kv_f32=args.kv_f32,
-                      cuda=_cuda_config(args), tensor_parallel=args.tensor_parallel)
+                      cuda=_cuda_config(args), tensor_parallel=_parallel(args))
     rows = run_bench(rt, args.p, args.n, args.r)
     tp = f" tp{rt.tensor_parallel}" if rt.tensor_parallel > 1 else ""
     print(format_table(Path(rt.gguf.path).name, rt.backend.name + tp, rows, args.ubatch))
@@ -435,6 +470,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(func=cmd_serve)
+
+    s = sub.add_parser("tp-worker", help="tensor-parallel ranks of this host joining rank 0 on another (--tp-listen)",
+                       formatter_class=defaults)
+    s.add_argument("address", metavar="HOST:PORT", help="rank 0's --tp-listen")
+    s.add_argument("--ranks", required=True, metavar="A-B", help="the ranks this host holds, on its GPUs 0..B-A")
+    s.add_argument("--key", required=True, help="rank 0's --tp-key")
+    s.add_argument("--model", default=None, help="this host's copy of the model (default: rank 0's path)")
+    s.add_argument("--wait", type=float, default=600.0, help="seconds to wait for rank 0 to listen")
+    s.set_defaults(func=cmd_tp_worker)
 
     s = sub.add_parser("fetch", help="download the test models into the cache")
     s.add_argument("names", nargs="*")

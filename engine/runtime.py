@@ -17,6 +17,7 @@ from .backends.base import Batch
 from .gguf import GGUFFile
 from .hub import resolve_model
 from .model import load_model, model_class
+from .parallel.config import ParallelConfig
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
 
@@ -57,19 +58,19 @@ class Generation:
 class Runtime:
     def __init__(self, gguf: GGUFFile, device: str = "auto", n_ctx: int | None = None,
                  n_ubatch: int = DEFAULT_UBATCH, exact: bool = False, n_seq: int = 1, kv_f32: bool = False,
-                 cuda=None, tensor_parallel: int = 1):
+                 cuda=None, tensor_parallel=1):
         self.gguf = gguf
         model_class(gguf)                          # an unsupported architecture is the first thing to say
         self.tokenizer = Tokenizer(gguf)
-        if tensor_parallel < 1:
-            raise ValueError("tensor_parallel must be >= 1")
-        if tensor_parallel > 1:                    # the model split over ranks (engine/parallel), driven as one
+        parallel = ParallelConfig.of(tensor_parallel)       # a rank count, or where the ranks run
+        parallel.validate()
+        if parallel.size > 1:                      # the model split over ranks (engine/parallel), driven as one
             from .parallel.group import load_parallel
-            self.backend, self.model = load_parallel(gguf, tensor_parallel, device, exact, kv_f32, cuda)
+            self.backend, self.model = load_parallel(gguf, parallel, device, exact, kv_f32, cuda)
         else:
             self.backend = get_backend(device, exact, kv_f32, cuda)
             self.model = load_model(gguf, self.backend)
-        self.tensor_parallel = tensor_parallel
+        self.tensor_parallel = parallel.size
         self.backend.prepare_kernels()
         self.config = self.model.cfg
         if n_ubatch < 1:

@@ -69,7 +69,7 @@ class EngineClient:
         self._pull.bind(out_addr)
         self.proc = multiprocessing.get_context("spawn").Process(
             target=core_main, args=(cfg, in_addr, out_addr), name="engine-core",
-            daemon=cfg.tensor_parallel == 1)          # (a daemon process cannot start the other ranks' processes)
+            daemon=cfg.tensor_parallel in (1, None))  # (a daemon process cannot start the other ranks' processes)
         self._tasks: list[asyncio.Task] = []
 
     # -- life ----------------------------------------------------------------------------------------------------

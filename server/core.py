@@ -31,7 +31,7 @@ class CoreConfig:
     warmup: bool = True
     prefix_cache: bool = True
     cuda: object = None                        # engine.cuda.config.CudaConfig (None: the defaults)
-    tensor_parallel: int = 1                   # GPUs the model is split over (engine/parallel)
+    tensor_parallel: object = 1                # ranks the model is split over: a count or a ParallelConfig
 
 
 def run_core(cfg: CoreConfig, in_addr: str, out_addr: str) -> None:
@@ -77,10 +77,12 @@ def default_parallel(cfg: CoreConfig) -> int:
     f = GGUFFile(resolve_model(cfg.model))
     c = ModelConfig.from_gguf(f)
     n_ctx = cfg.n_ctx or min(DEFAULT_CTX, c.n_ctx_train)
-    n_kv = -(-c.n_head_kv // cfg.tensor_parallel)                        # a rank's KV heads (at most)
+    from engine.parallel.config import ParallelConfig
+    tp = ParallelConfig.of(cfg.tensor_parallel).size
+    n_kv = -(-c.n_head_kv // tp)                                          # a rank's KV heads (at most)
     per_slot = 2 * c.n_layer * n_ctx * n_kv * c.head_dim * (4 if cfg.kv_f32 else 2)
     free, _ = cupy.cuda.runtime.memGetInfo()
-    room = 0.9 * free - f.file_size / cfg.tensor_parallel
+    room = 0.9 * free - f.file_size / tp
     return max(1, min(MAX_DEFAULT_PARALLEL, int(room // per_slot) - 1))
 
 

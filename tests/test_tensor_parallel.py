@@ -186,6 +186,58 @@ def test_process_ranks_equal_whole(tmp_path, size):
         backend.close()
 
 
+def test_ranks_join_from_another_host(tmp_path):
+    """Ranks 1 and 2 on "another host": `engine tp-worker` connects to rank 0's --tp-listen with the key, gets its
+    shards and the device, and the split equals the whole model. Before that, a wrong key is refused by the
+    handshake and a rank the group does not wait for is told so."""
+    import subprocess
+    import sys
+    import threading
+    import time
+    from multiprocessing import AuthenticationError
+    from multiprocessing.connection import Client
+    from engine.backends.base import Batch
+    from engine.parallel.config import ParallelConfig, address
+    from engine.parallel.group import load_parallel
+    from test_server import free_port
+    path = write_arch(tmp_path / "gemma2.gguf", "gemma2")
+    listen = f"127.0.0.1:{free_port()}"
+    loaded = {}
+    rank0 = threading.Thread(target=lambda: loaded.update(group=load_parallel(
+        GGUFFile(path), ParallelConfig(3, local=1, listen=listen, key="secret"), device="cpu", exact=True)))
+    rank0.start()
+
+    def connect(key):
+        deadline = time.time() + 30
+        while True:
+            try:
+                return Client(address(listen), authkey=key)
+            except ConnectionRefusedError:
+                assert time.time() < deadline
+                time.sleep(0.1)
+    with pytest.raises(AuthenticationError):
+        connect(b"wrong")
+    stray = connect(b"secret")
+    stray.send(("hello", 7))
+    tag, why = stray.recv()
+    assert tag == "refused" and "rank 7" in why
+    workers = subprocess.Popen([sys.executable, "-m", "engine.cli", "tp-worker", listen, "--ranks", "1-2", "--key",
+                                "secret", "--wait", "60"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        rank0.join(120)
+        backend, model = loaded["group"]
+        whole = Runtime(GGUFFile(path), device="cpu", exact=True, n_ctx=64)
+        model.set_context(64)
+        cache = model.new_cache(1, 64)
+        batch = Batch.single(prompt_tokens(n=24), 0, 0, all_logits=True)
+        got = backend.forward(model, batch, cache)
+        assert np.abs(got - whole.backend.forward(whole.model, batch, whole.cache)).max() <= EXACT
+        backend.close()
+        assert workers.wait(30) == 0, workers.stdout.read()
+    finally:
+        workers.kill()
+
+
 def test_a_stopped_rank_process_is_an_error_not_a_hang(tmp_path):
     from engine.parallel.group import ParallelError, load_parallel
     from engine.backends.base import Batch

@@ -8,6 +8,8 @@ the forward's collectives (engine/parallel/comm.py), and rank 0 gets the whole l
   or with processes=True processes, as on GPUs, their collectives through rank 0's pipes (the GPU ranks' protocol,
   tested where no GPU is).
 - On GPUs each rank is a process of its own on GPU `rank` (engine/parallel/worker.py), fed over a pipe, NCCL between.
+- Ranks on other hosts (ParallelConfig.local below size) connect to rank 0 over TCP (`engine tp-worker`), announce
+  their rank and receive their job; then they are fed like the local ones, over that connection.
 
     backend, model = load_parallel(gguf, 2, device="cuda")
     cache = model.new_cache(n_seq, n_ctx)
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import multiprocessing
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from ..backends import BackendError, cuda_available, get_backend
@@ -24,10 +27,12 @@ from ..gguf import GGUFFile
 from ..model import load_model
 from ..model.config import ModelConfig
 from .comm import LocalComm, NcclComm, PipeHub, ThreadGroup, disable_nvlink_multicast
+from .config import ParallelConfig, address
 from .shard import ffn_unit, plan
 
 START_TIMEOUT_S = 120.0     # a GPU rank's process starting (importing the engine)
 READY_TIMEOUT_S = 900.0     # a GPU rank loading its shard (and its kernels)
+JOIN_TIMEOUT_S = 600.0      # the ranks of other hosts connecting
 
 
 class ParallelError(RuntimeError):
@@ -79,17 +84,21 @@ class ThreadRank:
 
 
 class ProcessRank:
-    """A rank that is a process (on its own GPU); each operation is acknowledged once done (on a GPU: queued)."""
+    """A rank that is a process (on its own GPU); each operation is acknowledged once done (on a GPU: queued).
+    process: the local process, or None for a rank of another host (only its connection is known here)."""
 
     def __init__(self, rank: int, process, conn):
         self.rank, self.process, self.conn = rank, process, conn
+
+    def _stopped(self) -> str:
+        how = f"exit code {self.process.exitcode}" if self.process is not None else "its connection closed"
+        return f"tensor-parallel rank {self.rank} stopped ({how})"
 
     def submit(self, op: str, *args) -> None:
         try:
             self.conn.send((op, args))
         except OSError:
-            raise ParallelError(f"tensor-parallel rank {self.rank} stopped (exit code {self.process.exitcode})") \
-                from None
+            raise ParallelError(self._stopped()) from None
 
     def wait(self, timeout: float | None = None):
         """-> the operation's detail (at load: the tensor parts it holds as f32)."""
@@ -98,8 +107,7 @@ class ProcessRank:
         try:
             status, detail = self.conn.recv()
         except (EOFError, OSError):
-            raise ParallelError(f"tensor-parallel rank {self.rank} stopped (exit code {self.process.exitcode})") \
-                from None
+            raise ParallelError(self._stopped()) from None
         if status != "ok":
             raise ParallelError(f"tensor-parallel rank {self.rank}: {detail}")
         return detail
@@ -109,6 +117,9 @@ class ProcessRank:
             self.conn.send(None)
         except OSError:
             pass
+        if self.process is None:
+            self.conn.close()
+            return
         self.process.join(5)
         if self.process.is_alive():
             self.process.terminate()
@@ -198,17 +209,20 @@ class ParallelBackend:
         return getattr(self.inner, name)
 
 
-def load_parallel(gguf: GGUFFile, size: int, device: str = "auto", exact: bool = False, kv_f32: bool = False,
-                  cuda=None, processes: bool = False) -> tuple[ParallelBackend, ParallelModel]:
-    """The model split over `size` ranks: one process per GPU on CUDA; threads on the CPU, or processes."""
-    cfg = ModelConfig.from_gguf(gguf)
-    shards = plan(cfg, size, ffn_unit(gguf, cfg.n_ff))
+def load_parallel(gguf: GGUFFile, parallel: ParallelConfig | int, device: str = "auto", exact: bool = False,
+                  kv_f32: bool = False, cuda=None, processes: bool = False) -> tuple[ParallelBackend, ParallelModel]:
+    """The model split over ranks (ParallelConfig, or just their number): one process per GPU on CUDA; threads on the
+    CPU, or processes (processes=True, or ranks on other hosts)."""
+    cfg = ParallelConfig.of(parallel)
+    cfg.validate()
+    model_cfg = ModelConfig.from_gguf(gguf)
+    shards = plan(model_cfg, cfg.size, ffn_unit(gguf, model_cfg.n_ff))
     if device == "auto":
         device = "cuda" if not exact and cuda_available() else "cpu"
     if device not in ("cpu", "cuda"):
         raise BackendError(f"unknown device {device!r} (cpu, cuda or auto)")
-    if device == "cpu" and not processes:
-        group = ThreadGroup(size)
+    if device == "cpu" and not processes and cfg.n_local == cfg.size:
+        group = ThreadGroup(cfg.size)
         states = []
         for shard in shards:
             backend = get_backend("cpu", exact)
@@ -216,24 +230,26 @@ def load_parallel(gguf: GGUFFile, size: int, device: str = "auto", exact: bool =
             states.append(RankState(backend, load_model(gguf, backend, shard)))
         pg = ParallelGroup(states[0], [ThreadRank(s, group) for s in states[1:]], on_error=group.abort)
         return ParallelBackend(pg), ParallelModel(pg)
-    return _load_processes(gguf, shards, device, exact, kv_f32, cuda)
+    return _load_processes(gguf, shards, cfg, device, exact, kv_f32, cuda)
 
 
-def _load_processes(gguf: GGUFFile, shards, device: str, exact: bool, kv_f32: bool, cuda):
-    """Ranks 1.. as processes (worker.rank_main), rank 0 here."""
+def _load_processes(gguf: GGUFFile, shards, cfg: ParallelConfig, device: str, exact: bool, kv_f32: bool, cuda):
+    """Ranks 1..local-1 as processes here (worker.rank_main), the others joining from other hosts, rank 0 here."""
     from .worker import rank_main
     size = len(shards)
     uid, widths = None, [len(s.vocab) for s in shards]
     if device == "cuda":
         import cupy as cp
-        if not cuda_available() or cp.cuda.runtime.getDeviceCount() < size:
+        if not cuda_available() or cp.cuda.runtime.getDeviceCount() < cfg.n_local:
             n = cp.cuda.runtime.getDeviceCount() if cuda_available() else 0
-            raise BackendError(f"--tensor-parallel {size}: {n} CUDA GPU(s) visible, one per rank is needed")
+            raise BackendError(f"--tensor-parallel {size}: {n} CUDA GPU(s) visible here, {cfg.n_local} ranks to hold")
         disable_nvlink_multicast()
         uid = NcclComm.unique_id()
+    job = {"path": gguf.path, "device": device, "uid": uid, "widths": widths, "exact": exact, "kv_f32": kv_f32,
+           "cuda": cuda}
     ctx = multiprocessing.get_context("spawn")
     ranks = []
-    for shard in shards[1:]:
+    for shard in shards[1:cfg.n_local]:
         parent, child = ctx.Pipe()
         p = ctx.Process(target=rank_main, args=(gguf.path, shard, device, uid, widths, exact, kv_f32, cuda, child),
                         name=f"engine-rank{shard.rank}", daemon=True)
@@ -241,6 +257,8 @@ def _load_processes(gguf: GGUFFile, shards, device: str, exact: bool, kv_f32: bo
         child.close()
         ranks.append(ProcessRank(shard.rank, p, parent))
     try:
+        if cfg.n_local < size:
+            ranks += _accept_remote_ranks(cfg, shards, job)
         for r in ranks:                    # (a rank that failed to start would leave NCCL's init waiting forever)
             r.wait(START_TIMEOUT_S)
         if device == "cuda":
@@ -255,10 +273,54 @@ def _load_processes(gguf: GGUFFile, shards, device: str, exact: bool, kv_f32: bo
         expanded = shards[0].expanded + [name for r in ranks for name in r.wait(READY_TIMEOUT_S)]
     except BaseException:
         for r in ranks:
-            r.process.terminate()
+            if r.process is not None:
+                r.process.terminate()
+            else:
+                r.conn.close()
         raise
     if expanded:
         print(f"engine: {len(expanded)} tensor parts held as f32 (a rank's split falls inside quant blocks), "
               f"e.g. {expanded[0]}", file=sys.stderr)
     pg = ParallelGroup(RankState(backend, model), ranks)
     return ParallelBackend(pg), ParallelModel(pg)
+
+
+def _accept_remote_ranks(cfg: ParallelConfig, shards, job: dict) -> list[ProcessRank]:
+    """Ranks local..size-1 from other hosts: each connects to cfg.listen with cfg.key, says its rank, gets the job
+    and its shard. -> their ProcessRanks in rank order; ParallelError if they are not all there in JOIN_TIMEOUT_S."""
+    from multiprocessing.connection import Listener
+    listener = Listener(address(cfg.listen), authkey=cfg.key.encode())
+    waiting = set(range(cfg.n_local, cfg.size))
+    joined: dict[int, ProcessRank] = {}
+    done = threading.Event()
+
+    def accept():
+        while waiting:
+            try:
+                conn = listener.accept()
+                if not conn.poll(30):
+                    conn.close()
+                    continue
+                tag, rank = conn.recv()
+            except Exception:                     # a bad key, a stray connection; or the listener closed
+                if done.is_set():
+                    return
+                continue
+            if tag != "hello" or rank not in waiting:
+                conn.send(("refused", f"rank {rank} is not one this group waits for ({sorted(waiting)})"))
+                conn.close()
+                continue
+            conn.send(("job", {**job, "shard": shards[rank]}))
+            waiting.discard(rank)
+            joined[rank] = ProcessRank(rank, None, conn)
+        done.set()
+
+    thread = threading.Thread(target=accept, name="engine-tp-accept", daemon=True)
+    thread.start()
+    finished = done.wait(JOIN_TIMEOUT_S)
+    done.set()
+    listener.close()
+    if not finished:
+        raise ParallelError(f"ranks {sorted(waiting)} did not join at {cfg.listen} in {JOIN_TIMEOUT_S:.0f} s "
+                            f"(start them with `engine tp-worker {cfg.listen} --ranks ...`)")
+    return [joined[r] for r in sorted(joined)]

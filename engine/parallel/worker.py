@@ -10,7 +10,8 @@ import signal
 
 
 def rank_main(path: str, shard, device: str, unique_id, widths: list[int], exact: bool, kv_f32: bool, cuda,
-              conn) -> None:
+              conn, gpu: int | None = None) -> None:
+    """Rank shard.rank on GPU `gpu` (default: the rank's number; another host's ranks count from its own 0)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)          # Ctrl-C is rank 0's to handle
     conn.send(("ok", "started"))                          # rank 0 joins NCCL only once every rank is this far
     try:
@@ -20,7 +21,7 @@ def rank_main(path: str, shard, device: str, unique_id, widths: list[int], exact
         from .group import RankState
         if device == "cuda":
             import cupy as cp
-            cp.cuda.Device(shard.rank).use()
+            cp.cuda.Device(shard.rank if gpu is None else gpu).use()
             from .comm import NcclComm
             backend = get_backend("cuda", kv_f32=kv_f32, cuda=cuda)
             backend.comm = NcclComm(shard.size, unique_id, shard.rank, widths)
@@ -47,3 +48,36 @@ def rank_main(path: str, shard, device: str, unique_id, widths: list[int], exact
             conn.send(("ok", None))
         except BaseException as e:
             conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+JOIN_RETRY_S = 0.2
+
+
+def join_main(address: tuple[str, int], key: str, rank: int, gpu: int, model: str | None, timeout_s: float) -> int:
+    """A rank on another host: connect to rank 0 (retrying until it listens), say which rank this is, receive the
+    job (the model's path, unless `model` names this host's copy, the shard, the device, NCCL's id), run it."""
+    import time
+    from multiprocessing.connection import Client
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            conn = Client(address, authkey=key.encode())
+            break
+        except (ConnectionRefusedError, OSError):
+            if time.monotonic() > deadline:
+                print(f"engine: rank {rank}: nothing listens at {address[0]}:{address[1]}", flush=True)
+                return 1
+            time.sleep(JOIN_RETRY_S)
+    conn.send(("hello", rank))
+    tag, job = conn.recv()
+    if tag != "job":
+        print(f"engine: rank {rank}: refused: {job}", flush=True)
+        return 1
+    rank_main(model or job["path"], job["shard"], job["device"], job["uid"], job["widths"], job["exact"],
+              job["kv_f32"], job["cuda"], conn, gpu)
+    return 0
+
+
+def join_process(*args) -> None:
+    """join_main as a process's target: its result is the exit code."""
+    raise SystemExit(join_main(*args))
