@@ -24,6 +24,14 @@ def disable_nvlink_multicast() -> None:
     os.environ["NCCL_NVLS_ENABLE"] = "0"
 
 
+def sum_in_rank_order(parts: list):
+    """parts[0] + parts[1] + ... left to right (every rank, summing the same list, gets the same bits)."""
+    total = parts[0].copy()
+    for p in parts[1:]:
+        total += p
+    return total
+
+
 class ThreadGroup:
     """The rendezvous of `size` ranks that are threads: each collective posts every rank's array, then each reads all."""
 
@@ -52,11 +60,7 @@ class LocalComm:
         return parts
 
     def all_reduce(self, x):
-        parts = self._exchange(x)
-        out = parts[0].copy()
-        for p in parts[1:]:
-            out += p
-        return out
+        return sum_in_rank_order(self._exchange(x))
 
     def gather_columns(self, x):
         return np.concatenate(self._exchange(x), axis=-1)
@@ -103,10 +107,7 @@ class PipeHub:
         return parts
 
     def all_reduce(self, x):
-        parts = self._parts(x)
-        total = parts[0].copy()
-        for p in parts[1:]:
-            total += p
+        total = sum_in_rank_order(self._parts(x))
         for conn in self.conns:
             conn.send(("sum", total))
         return total
