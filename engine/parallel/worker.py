@@ -1,8 +1,10 @@
 """A rank's process: load its shard (on GPU `rank`, joining the NCCL communicator; or on the CPU, its collectives
 through rank 0 over the pipe), then run what rank 0 sends.
 
-Messages on the pipe: (operation, args) -> ("ok", detail) once the operation is queued on the GPU, or ("error",
-message); None (or rank 0 going away) ends the process.
+Messages on the pipe (or, for a rank of another host, its TCP connection): first ("ok", "started"), then ("ok", the
+tensor parts held as f32) once loaded; then each (operation, args) -> ("ok", None) once it is done (on a GPU: queued),
+or ("error", message); None (or rank 0 going away) ends the process. On the CPU a forward's collectives travel on the
+same pipe (comm.PipeComm).
 """
 from __future__ import annotations
 
