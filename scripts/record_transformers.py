@@ -24,7 +24,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent / d) for d in ("tests", "")]   # tiny_archs, engine
 from tiny_archs import (ARCHS, GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP, HD, LLAMA3_ROPE, LONGROPE_N_ROT,  # noqa: E402
-                        F_EXP, LONGROPE_ORIG_CTX, MISTRAL_WINDOW, ROPE_BASE, YARN_FACTOR, YARN_ORIG_CTX,
+                        F_EXP, F_SHEXP, LONGROPE_ORIG_CTX, MISTRAL_WINDOW, ROPE_BASE, YARN_FACTOR, YARN_ORIG_CTX,
                         longrope_factors, prompt_tokens, write_arch)
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "transformers"
@@ -42,8 +42,9 @@ def record(name: str, folder: Path) -> dict:
         config.attn_logit_softcapping, config.final_logit_softcapping = GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP
         config.query_pre_attn_scalar = HD
         config.tie_word_embeddings = True
-    if name == "qwen3moe":               # the loader does not map expert_feed_forward_length
+    if name in ("qwen3moe", "qwen2moe"):  # the loader maps neither expert FFN width
         config.moe_intermediate_size = F_EXP
+        config.shared_expert_intermediate_size = F_SHEXP
     if name == "qwen2_yarn":             # the loader does not read rope scaling
         config.rope_parameters = {"rope_type": "yarn", "rope_theta": ROPE_BASE, "factor": YARN_FACTOR,
                                   "original_max_position_embeddings": YARN_ORIG_CTX}

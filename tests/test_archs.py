@@ -209,3 +209,16 @@ def test_moe_routing_matters(files, monkeypatch):
                         classmethod(lambda cls, f: dataclasses.replace(from_gguf(f), n_expert_used=from_gguf(f).n_expert)))
     rt = Runtime.load(files["qwen3moe"], device="cpu", exact=True, n_ctx=128)
     assert np.abs(teacher_forced(rt, ref["tokens"].tolist()) - ref["logits"]).max() > 1e-2 * span
+
+
+@pytest.mark.parametrize("change", ["renormalize", "no_shared_expert"])
+def test_qwen2moe_weights_as_they_are_and_its_shared_expert_matter(files, monkeypatch, change):
+    """Qwen 2 MoE keeps the chosen experts' softmax weights as they are and adds its shared expert: either changed,
+    the tiny file is measurably off transformers."""
+    from engine.model.qwen2moe import Qwen2Moe
+    ref = reference("qwen2moe")
+    span = float(ref["logits"].max() - ref["logits"].min())
+    monkeypatch.setattr(Qwen2Moe, "NORM_TOPK" if change == "renormalize" else "SHARED_EXPERT",
+                        change == "renormalize")
+    rt = Runtime.load(files["qwen2moe"], device="cpu", exact=True, n_ctx=128)
+    assert np.abs(teacher_forced(rt, ref["tokens"].tolist()) - ref["logits"]).max() > 1e-2 * span

@@ -19,12 +19,14 @@ ROPE_BASE = 10000.0
 # span the unscaled, smoothed and scaled bands
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}
-ARCHS = ("llama3", "qwen2", "qwen2_yarn", "qwen3", "phi3", "phi3_longrope", "gemma2", "mistral", "qwen3moe")
+ARCHS = ("llama3", "qwen2", "qwen2_yarn", "qwen3", "phi3", "phi3_longrope", "gemma2", "mistral", "qwen3moe",
+         "qwen2moe")
 GGUF_ARCH = {"llama3": "llama", "qwen2": "qwen2", "qwen2_yarn": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-             "phi3_longrope": "phi3", "gemma2": "gemma2", "mistral": "llama", "qwen3moe": "qwen3moe"}
-MOE_ARCHS = ("qwen3moe",)      # CPU only so far (no expert kernels on the GPU, no split over ranks)
-# Qwen3-MoE: experts, experts per token, an expert's FFN width
-N_EXPERT, N_EXPERT_USED, F_EXP = 4, 2, 64
+             "phi3_longrope": "phi3", "gemma2": "gemma2", "mistral": "llama", "qwen3moe": "qwen3moe",
+             "qwen2moe": "qwen2moe"}
+MOE_ARCHS = ("qwen3moe", "qwen2moe")      # CPU only so far (no expert kernels on the GPU, no split over ranks)
+# mixtures of experts: experts, experts per token, an expert's FFN width, Qwen 2 MoE's shared expert's width
+N_EXPERT, N_EXPERT_USED, F_EXP, F_SHEXP = 4, 2, 64, 96
 # YaRN (Qwen 2.5's long-context setting) with an original context short enough that the 48-token references cross it
 YARN_FACTOR, YARN_ORIG_CTX = 4.0, 16
 # Phi-3.5's LongRoPE on a partial rotation (Phi-4-mini's 3/4 of the head): factors for contexts up to
@@ -102,10 +104,12 @@ def write_arch(path, name: str, seed: int = 0) -> str:
         w.add_sliding_window(GEMMA2_WINDOW)
     if name == "mistral":
         w.add_sliding_window(MISTRAL_WINDOW)
-    if name == "qwen3moe":
+    if name in MOE_ARCHS:
         w.add_expert_count(N_EXPERT)
         w.add_expert_used_count(N_EXPERT_USED)
         w.add_expert_feed_forward_length(F_EXP)
+    if name == "qwen2moe":
+        w.add_expert_shared_feed_forward_length(F_SHEXP)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(vocabulary())
@@ -152,15 +156,20 @@ def write_arch(path, name: str, seed: int = 0) -> str:
         f32(f"blk.{i}.ffn_norm.weight", E, mean=1.0)
         if name.startswith("phi3"):            # fused: [gate; up] rows
             q8(f"blk.{i}.ffn_up.weight", 2 * F, E)
-        elif name == "qwen3moe":               # the router and the experts' [n_expert, rows, cols] tensors
+        elif name in MOE_ARCHS:                # the router and the experts' [n_expert, rows, cols] tensors
             w.add_tensor(f"blk.{i}.ffn_gate_inp.weight", (0.3 * rng.standard_normal((N_EXPERT, E))).astype(np.float32))
             q8(f"blk.{i}.ffn_gate_exps.weight", N_EXPERT * F_EXP, E, shape=(N_EXPERT, F_EXP))
             q8(f"blk.{i}.ffn_up_exps.weight", N_EXPERT * F_EXP, E, shape=(N_EXPERT, F_EXP))
             q8(f"blk.{i}.ffn_down_exps.weight", N_EXPERT * E, F_EXP, shape=(N_EXPERT, E))
+            if name == "qwen2moe":             # the shared expert and its gate
+                f32(f"blk.{i}.ffn_gate_inp_shexp.weight", E, scale=0.3)
+                q8(f"blk.{i}.ffn_gate_shexp.weight", F_SHEXP, E)
+                q8(f"blk.{i}.ffn_up_shexp.weight", F_SHEXP, E)
+                q8(f"blk.{i}.ffn_down_shexp.weight", E, F_SHEXP)
         else:
             q8(f"blk.{i}.ffn_gate.weight", F, E)
             q8(f"blk.{i}.ffn_up.weight", F, E)
-        if name != "qwen3moe":
+        if name not in MOE_ARCHS:
             q8(f"blk.{i}.ffn_down.weight", E, F)
     f32("output_norm.weight", E, mean=1.0)
     if name not in ("qwen2", "qwen2_yarn", "gemma2"):   # Qwen2's small models, Gemma 2: output tied to embeddings

@@ -115,10 +115,12 @@ class Backend:
         g, u = self.mul_mat(gate, x), self.mul_mat(up, x)
         return self.swiglu(g, u) if act == "silu" else self.geglu(g, u)
 
-    def moe(self, router, gates: list, ups: list, downs: list, x, k: int, act: str):
+    def moe(self, router, gates: list, ups: list, downs: list, x, k: int, act: str, norm: bool = True,
+            shared: tuple | None = None):
         """A mixture-of-experts FFN on x [n, d] -> [n, d]: router [n_expert, d] scores each row's experts, softmax
-        over all of them, the k best taken with their probabilities renormalized to sum to one; the row's output is
-        the weighted sum of those experts' glu(gates[e], ups[e], x, act) times downs[e]."""
+        over all of them, the k best taken with their probabilities (renormalized to sum to one with norm); the
+        row's output is the weighted sum of those experts' glu(gates[e], ups[e], x, act) times downs[e]. shared:
+        (gate_inp [d], gate, up, down) of an expert every row also takes, times sigmoid(x . gate_inp)."""
         raise NotImplementedError(f"the {self.name} backend has no mixture-of-experts layers")
 
     def rms_norm(self, x, w, eps: float):

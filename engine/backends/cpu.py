@@ -34,14 +34,18 @@ class CPUBackend(Backend):
     def mul_mat(self, w, x):
         return x @ w.T                                                  # [n, k] @ [k, m] -> [n, m]
 
-    def moe(self, router, gates, ups, downs, x, k, act):
+    def moe(self, router, gates, ups, downs, x, k, act, norm=True, shared=None):
         logits = self.mul_mat(router, x)                                # [n, n_expert]
         p = np.exp(logits - logits.max(axis=1, keepdims=True))
         p /= p.sum(axis=1, keepdims=True)
         top = np.argsort(-p, axis=1, kind="stable")[:, :k]                # [n, k]: the chosen experts, best first
         w = np.take_along_axis(p, top, axis=1)
-        w /= w.sum(axis=1, keepdims=True)
+        if norm:
+            w /= w.sum(axis=1, keepdims=True)
         out = np.zeros_like(x)
+        if shared is not None:
+            gate_inp, gate, up, down = shared
+            out += self.mul_mat(down, self.glu(gate, up, x, act)) / (1.0 + np.exp(-(x @ gate_inp)))[:, None]
         for e in np.unique(top):
             rows, j = np.nonzero(top == e)
             y = self.mul_mat(downs[e], self.glu(gates[e], ups[e], x[rows], act))

@@ -10,10 +10,12 @@ from .llama import Llama
 from .phi3 import Phi3
 from .qwen2 import Qwen2
 from .qwen3 import Qwen3
+from .qwen2moe import Qwen2Moe
 from .qwen3moe import Qwen3Moe
 
 ARCHITECTURES: dict[str, type[Transformer]] = {"llama": Llama, "gemma3": Gemma3, "qwen2": Qwen2, "qwen3": Qwen3,
-                                              "phi3": Phi3, "gemma2": Gemma2, "qwen3moe": Qwen3Moe}
+                                              "phi3": Phi3, "gemma2": Gemma2, "qwen3moe": Qwen3Moe,
+                                              "qwen2moe": Qwen2Moe}
 
 
 def model_class(gguf: GGUFFile) -> type[Transformer]:

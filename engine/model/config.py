@@ -35,6 +35,7 @@ class ModelConfig:
     n_expert: int = 0       # mixture of experts: experts per layer (0: a dense FFN)
     n_expert_used: int = 0  # experts each token is routed to
     n_ff_exp: int = 0       # an expert's FFN width
+    n_ff_shexp: int = 0     # the shared expert's FFN width (Qwen 2 MoE; 0: none)
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
@@ -76,4 +77,5 @@ class ModelConfig:
             n_expert=n_expert,
             n_expert_used=n_expert_used,
             n_ff_exp=f.integer("expert_feed_forward_length", 1, MAX_DIM, default=0) if n_expert else 0,
+            n_ff_shexp=f.integer("expert_shared_feed_forward_length", 0, MAX_DIM, default=0),
         )
