@@ -8,7 +8,8 @@ once, so that CI compares the engine against them without torch.
 Each architecture's file is written from its seed, loaded by transformers' own GGUF loader (float32, CPU), and run on
 tests/tiny_archs.prompt_tokens(): the logits of every position, and 16 greedy tokens after the first 8. Two things
 the loader does not read are given to the config (Mistral's window: the llama file's weights are loaded into
-transformers' Mistral with it): the head size (attention.key_length, mapped for some
+transformers' Mistral with it; Mixtral, which the loader cannot read, is built from the file by mixtral_from_gguf):
+the head size (attention.key_length, mapped for some
 architectures only), Gemma 2's caps and query scale, and, for Llama 3, `rope_type: llama3` with the parameters the file's rope_freqs.weight was
 computed from (transformers computes its own frequencies from them).
 """
@@ -24,16 +25,60 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent / d) for d in ("tests", "")]   # tiny_archs, engine
 from tiny_archs import (ARCHS, GEMMA2_ATTN_CAP, GEMMA2_FINAL_CAP, HD, LLAMA3_ROPE, LONGROPE_N_ROT,  # noqa: E402
-                        F_EXP, F_SHEXP, LONGROPE_ORIG_CTX, MISTRAL_WINDOW, ROPE_BASE, YARN_FACTOR, YARN_ORIG_CTX,
+                        N_EXPERT, N_EXPERT_USED, F_EXP, F_SHEXP, LONGROPE_ORIG_CTX, MISTRAL_WINDOW, ROPE_BASE, YARN_FACTOR, YARN_ORIG_CTX,
                         longrope_factors, prompt_tokens, write_arch)
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "transformers"
 GREEDY_PROMPT, GREEDY_NEW = 8, 16
 
 
+def mixtral_from_gguf(path: Path):
+    """transformers' Mixtral with the tiny llama-with-experts file's weights (its GGUF loader reads a llama file as
+    Llama and has no Mixtral): every tensor dequantized by the gguf package, q and k rows put back in transformers'
+    order (the reverse of llama.cpp's converter's permutation, as transformers' own llama loader does)."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+    t = {x.name: np.asarray(dequantize(x.data, x.tensor_type), np.float32).reshape([int(d) for d in
+                                                                                    reversed(x.shape)])
+         for x in GGUFReader(str(path)).tensors}
+    n_layer, n_embd = 1 + max(int(k.split(".")[1]) for k in t if k.startswith("blk.")), t["token_embd.weight"].shape[1]
+    config = transformers.MixtralConfig(
+        vocab_size=t["token_embd.weight"].shape[0], hidden_size=n_embd, intermediate_size=F_EXP,
+        num_hidden_layers=n_layer, num_attention_heads=t["blk.0.attn_q.weight"].shape[0] // HD,
+        num_key_value_heads=t["blk.0.attn_k.weight"].shape[0] // HD, head_dim=HD, num_local_experts=N_EXPERT,
+        num_experts_per_tok=N_EXPERT_USED, rms_norm_eps=1e-6, rope_theta=ROPE_BASE, max_position_embeddings=1024,
+        tie_word_embeddings=False, sliding_window=None)
+    config._attn_implementation = "eager"
+
+    def unpermute(w, n_head):
+        return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
+    state = {"model.embed_tokens.weight": t["token_embd.weight"], "model.norm.weight": t["output_norm.weight"],
+             "lm_head.weight": t["output.weight"]}
+    for i in range(n_layer):
+        b, m = f"blk.{i}.", f"model.layers.{i}."
+        state |= {m + "input_layernorm.weight": t[b + "attn_norm.weight"],
+                  m + "post_attention_layernorm.weight": t[b + "ffn_norm.weight"],
+                  m + "self_attn.q_proj.weight": unpermute(t[b + "attn_q.weight"], config.num_attention_heads),
+                  m + "self_attn.k_proj.weight": unpermute(t[b + "attn_k.weight"], config.num_key_value_heads),
+                  m + "self_attn.v_proj.weight": t[b + "attn_v.weight"],
+                  m + "self_attn.o_proj.weight": t[b + "attn_output.weight"],
+                  m + "mlp.gate.weight": t[b + "ffn_gate_inp.weight"],
+                  m + "mlp.experts.gate_up_proj": np.concatenate([t[b + "ffn_gate_exps.weight"],
+                                                                  t[b + "ffn_up_exps.weight"]], axis=1),
+                  m + "mlp.experts.down_proj": t[b + "ffn_down_exps.weight"]}
+    model = transformers.MixtralForCausalLM(config).eval()
+    missing, unexpected = model.load_state_dict({k: torch.from_numpy(np.array(v))
+                                                 for k, v in state.items()}, strict=False)
+    assert not unexpected and not [k for k in missing if "rotary" not in k], (missing, unexpected)
+    return config, model
+
+
 def record(name: str, folder: Path) -> dict:
     fname = f"{name}.gguf"
     write_arch(folder / fname, name)
+    if name == "mixtral":
+        config, model = mixtral_from_gguf(folder / fname)
+        return run_and_save(name, config, model)
     config = AutoConfig.from_pretrained(folder, gguf_file=fname)
     config.head_dim = HD                 # the loader maps attention.key_length for some architectures only
     if (getattr(config, "pad_token_id", None) or 0) >= config.vocab_size:
@@ -69,6 +114,10 @@ def record(name: str, folder: Path) -> dict:
         state = model.state_dict()
         model = transformers.MistralForCausalLM(mistral).to(torch.float32).eval()
         model.load_state_dict(state)
+    return run_and_save(name, config, model)
+
+
+def run_and_save(name: str, config, model) -> dict:
     tokens = prompt_tokens()
     # LongRoPE: transformers picks the factors by the sequence's length, llama.cpp and the engine by the context, so
     # the greedy run starts past the original context too

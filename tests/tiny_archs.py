@@ -20,11 +20,11 @@ ROPE_BASE = 10000.0
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}
 ARCHS = ("llama3", "qwen2", "qwen2_yarn", "qwen3", "phi3", "phi3_longrope", "gemma2", "mistral", "qwen3moe",
-         "qwen2moe")
+         "qwen2moe", "mixtral")
 GGUF_ARCH = {"llama3": "llama", "qwen2": "qwen2", "qwen2_yarn": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
              "phi3_longrope": "phi3", "gemma2": "gemma2", "mistral": "llama", "qwen3moe": "qwen3moe",
-             "qwen2moe": "qwen2moe"}
-MOE_ARCHS = ("qwen3moe", "qwen2moe")      # CPU only so far (no expert kernels on the GPU, no split over ranks)
+             "qwen2moe": "qwen2moe", "mixtral": "llama"}
+MOE_ARCHS = ("qwen3moe", "qwen2moe", "mixtral")      # CPU only so far (no expert kernels on the GPU, no split over ranks)
 # mixtures of experts: experts, experts per token, an expert's FFN width, Qwen 2 MoE's shared expert's width
 N_EXPERT, N_EXPERT_USED, F_EXP, F_SHEXP = 4, 2, 64, 96
 # YaRN (Qwen 2.5's long-context setting) with an original context short enough that the 48-token references cross it
