@@ -68,12 +68,13 @@ class Transformer:
 
     def expert_weights(self, name: str, shape: tuple[int, int, int]) -> list:
         """A mixture-of-experts tensor [n_expert, rows, cols] (numpy order) loaded as one weight per expert, each
-        still in the file's blocks."""
+        still in the file's blocks (this rank's part of each)."""
         info = self._info(name, shape)
-        data, n = self.gguf.tensor_data(name), shape[0]
+        data, n, role = self.gguf.tensor_data(name), shape[0], self.shard.role(name)
         per = info.nbytes // n
-        return [self._upload(name, TensorInfo(f"{name}[{e}]", info.type, (shape[2], shape[1]),
-                                              info.offset + e * per, per), data[e * per:(e + 1) * per])
+        return [self._upload(name, *self.shard.cut(TensorInfo(f"{name}[{e}]", info.type, (shape[2], shape[1]),
+                                                              info.offset + e * per, per),
+                                                   data[e * per:(e + 1) * per], role))
                 for e in range(n)]
 
     def load_embeddings(self) -> None:

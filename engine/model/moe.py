@@ -38,5 +38,5 @@ class MoeFFN:
 
     def ffn(self, L, h):
         shared = (L.shared_gate_inp, L.shared_gate, L.shared_up, L.shared_down) if self.SHARED_EXPERT else None
-        return self.B.moe(L.router, L.gates, L.ups, L.downs, h, self.cfg.n_expert_used, "silu",
-                          norm=self.NORM_TOPK, shared=shared)
+        return self.B.all_reduce(self.B.moe(L.router, L.gates, L.ups, L.downs, h, self.cfg.n_expert_used, "silu",
+                                            norm=self.NORM_TOPK, shared=shared))   # (each rank: its columns of each)

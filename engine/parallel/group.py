@@ -28,7 +28,7 @@ from ..model import load_model
 from ..model.config import ModelConfig
 from .comm import LocalComm, NcclComm, PipeHub, ThreadGroup, disable_nvlink_multicast
 from .config import ParallelConfig, address
-from .shard import ffn_unit, plan
+from .shard import ffn_units, plan
 
 START_TIMEOUT_S = 120.0     # a GPU rank's process starting (importing the engine)
 READY_TIMEOUT_S = 900.0     # a GPU rank loading its shard (and its kernels)
@@ -216,7 +216,7 @@ def load_parallel(gguf: GGUFFile, parallel: ParallelConfig | int, device: str = 
     cfg = ParallelConfig.of(parallel)
     cfg.validate()
     model_cfg = ModelConfig.from_gguf(gguf)
-    shards = plan(model_cfg, cfg.size, ffn_unit(gguf, model_cfg.n_ff))
+    shards = plan(model_cfg, cfg.size, ffn_units(gguf, model_cfg))
     if device == "auto":
         device = "cuda" if not exact and cuda_available() else "cpu"
     if device not in ("cpu", "cuda"):
