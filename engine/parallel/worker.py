@@ -9,6 +9,7 @@ same pipe (comm.PipeComm).
 from __future__ import annotations
 
 import signal
+import sys
 
 
 def rank_main(path: str, shard, device: str, unique_id, widths: list[int], exact: bool, kv_f32: bool, cuda,
@@ -67,13 +68,13 @@ def join_main(address: tuple[str, int], key: str, rank: int, gpu: int, model: st
             break
         except (ConnectionRefusedError, OSError):
             if time.monotonic() > deadline:
-                print(f"engine: rank {rank}: nothing listens at {address[0]}:{address[1]}", flush=True)
+                print(f"engine: rank {rank}: nothing listens at {address[0]}:{address[1]}", file=sys.stderr)
                 return 1
             time.sleep(JOIN_RETRY_S)
     conn.send(("hello", rank))
     tag, job = conn.recv()
     if tag != "job":
-        print(f"engine: rank {rank}: refused: {job}", flush=True)
+        print(f"engine: rank {rank}: refused: {job}", file=sys.stderr)
         return 1
     rank_main(model or job["path"], job["shard"], job["device"], job["uid"], job["widths"], job["exact"],
               job["kv_f32"], job["cuda"], conn, gpu)
