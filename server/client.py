@@ -159,7 +159,8 @@ class EngineClient:
             elif isinstance(msg, Ready):
                 self.ready = msg
             elif isinstance(msg, Fatal):
-                self._fail(f"the model failed to load: {msg.error}")
+                self._fail(f"the engine core failed: {msg.error}" if self.ready else
+                           f"the model failed to load: {msg.error}")
 
     async def _watch(self) -> None:
         while self.error is None:

@@ -153,13 +153,17 @@ class EngineCore:
                         return
             if self.sched.has_work:
                 self.sched.step()
+            failure = self.rt.backend.failure
             now = time.monotonic()
-            if self.events or now - last_sent >= HEARTBEAT_S:
+            if self.events or failure or now - last_sent >= HEARTBEAT_S:
                 if os.getppid() != parent:          # the front end died: nobody reads us
                     return
                 push.send(encoder.encode(Outputs(self.events, self.stats())))
                 self.events = []
                 last_sent = now
+            if failure:                             # no later step can run: the front end answers 503 from now
+                push.send(encoder.encode(Fatal(failure)))
+                return
 
     def handle(self, msg) -> bool:
         """One message from the front end; False on Shutdown."""

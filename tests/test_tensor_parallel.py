@@ -303,3 +303,43 @@ def test_serve_split_over_two_ranks(model_path):
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) is not None
+
+
+def test_engine_core_reports_a_broken_group_and_stops(tmp_path):
+    """A server's engine core whose rank fails: the step's requests end with the error, then the core sends Fatal
+    (the front end answers 503 from then on) and leaves its loop, instead of failing every later request."""
+    import threading
+    import msgspec
+    import zmq
+    from server.core import CoreConfig, EngineCore
+    from server.messages import AddRequest, Fatal, Outputs, encoder
+    path = write_arch(tmp_path / "llama3.gguf", "llama3")
+    core = EngineCore(CoreConfig(path, device="cpu", n_parallel=2, n_ctx=64, warmup=False, tensor_parallel=2))
+    rank1 = core.rt.model.group.ranks[0].state
+    rank1.forward = lambda batch: (_ for _ in ()).throw(MemoryError("rank 1 out of memory"))
+    ctx = zmq.Context()
+    to_core, core_in = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    core_out, from_core = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    to_core.bind("inproc://in")
+    core_in.connect("inproc://in")
+    from_core.bind("inproc://out")
+    core_out.connect("inproc://out")
+    loop = threading.Thread(target=core.serve, args=(core_in, core_out), daemon=True)
+    loop.start()
+    to_core.send(encoder.encode(AddRequest(rid=1, prompt=prompt_tokens(n=6), max_tokens=4)))
+    decoder = msgspec.msgpack.Decoder(Outputs | Fatal)
+    events, fatal = [], None
+    while fatal is None:
+        assert from_core.poll(30_000), "the core went silent"
+        msg = decoder.decode(from_core.recv())
+        if isinstance(msg, Fatal):
+            fatal = msg
+        else:
+            events += msg.events
+    loop.join(10)
+    assert not loop.is_alive()
+    assert [e.finish for e in events if e.rid == 1] == ["error"] and "out of memory" in events[-1].error
+    assert "tensor-parallel group is broken" in fatal.error and "rank 1 out of memory" in fatal.error
+    for s in (to_core, core_in, core_out, from_core):
+        s.close(0)
+    ctx.term()

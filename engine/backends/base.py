@@ -83,6 +83,7 @@ class Backend:
     """The interface; see backends/cpu.py for the reference semantics of each operation."""
     name = "abstract"
     comm = None      # the tensor-parallel group's communicator (engine/parallel/comm.py); None: one rank
+    failure = None   # why this backend can no longer run any step (a tensor-parallel group's lost rank), or None
     supports_moe = False   # implements moe() (mixture-of-experts FFNs)
 
     def weight(self, info: TensorInfo, data: np.ndarray):

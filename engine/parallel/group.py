@@ -79,6 +79,16 @@ class ThreadRank:
     def wait(self) -> None:
         self.pending.result()
 
+    def cause(self, timeout: float = 5.0) -> str | None:
+        """This rank's own failure in the operation under way (after the group's barrier was broken), if any."""
+        try:
+            self.pending.result(timeout)
+        except (threading.BrokenBarrierError, TimeoutError):
+            return None                           # released by another rank's failure (or still running)
+        except Exception as e:
+            return f"tensor-parallel rank {self.state.model.shard.rank}: {type(e).__name__}: {e}"
+        return None
+
     def close(self) -> None:
         self.pool.shutdown(wait=False)
 
@@ -112,6 +122,10 @@ class ProcessRank:
             raise ParallelError(f"tensor-parallel rank {self.rank}: {detail}")
         return detail
 
+    def cause(self) -> None:
+        """(A process rank's failure reaches rank 0 inside the collective itself: comm.CollectiveError.)"""
+        return None
+
     def close(self) -> None:
         try:
             self.conn.send(None)
@@ -144,10 +158,13 @@ class ParallelGroup:
                 r.submit(op, *args)
             try:
                 out = getattr(self.local, op)(*args)
-            except BaseException:
+            except BaseException as e:
                 if self.on_error:
                     self.on_error()
-                raise
+                cause = next((c for c in (r.cause() for r in self.ranks) if c is not None), None)
+                if cause is None:
+                    raise
+                raise ParallelError(cause) from e     # another rank's failure is why rank 0's collective broke
             for r in self.ranks:
                 r.wait()
             return out
@@ -201,6 +218,11 @@ class ParallelBackend:
 
     def forward(self, model, batch, cache):
         return self.group.run("forward", batch)
+
+    @property
+    def failure(self) -> str | None:
+        """Why the group can no longer run (a rank stopped or failed), or None."""
+        return self.group.broken and f"the tensor-parallel group is broken ({self.group.broken})"
 
     def close(self) -> None:
         self.group.close()
