@@ -51,6 +51,20 @@ def top_k_logprobs(logits: np.ndarray, k: int = 16) -> TopK:
     return TopK(idx.astype(np.int32), vals.astype(np.float32), logits.shape[1])
 
 
+def decode_logprobs(rt, tokens: list[int], k: int = 16, rows_per_copy: int = 64) -> TopK:
+    """Teacher-forced through the decode path (a Runtime's sequence 0): token 0 alone, then one token per step at
+    its position, as generation runs -> the k best log-probs of every position."""
+    parts, rows = [], [rt.prefill(tokens[:1])]
+    for pos, tok in enumerate(tokens[1:], 1):
+        rows.append(rt.decode([0], [tok], [pos]))
+        if len(rows) == rows_per_copy:
+            parts.append(top_k_logprobs(np.concatenate(rows), k))
+            rows = []
+    if rows:
+        parts.append(top_k_logprobs(np.concatenate(rows), k))
+    return TopK(np.concatenate([t.ids for t in parts]), np.concatenate([t.logprobs for t in parts]), parts[0].n_vocab)
+
+
 def compare(p: TopK, q: TopK) -> dict:
     """Top-1 agreement and KL(P||Q) over P's top-k; Q's k-th log-prob stands in for ids Q does not list."""
     n = min(len(p.ids), len(q.ids))

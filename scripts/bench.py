@@ -125,12 +125,13 @@ def kernel_only(path, w, x, out):
     from engine.cuda import mmq as mmq_launch
     n = x.shape[0]
     if path == "mmvq":                      # the launch's arguments built once per weight copy (no Python per call)
-        qs, ds = launch.quantize_q8_1(x)
+        residual = mmvq_launch.takes_residual(int(w.type), n)
+        qs, ds, *rs = launch.quantize_q8_1(x, residual=residual)
         plans = {}
 
         def run(wi):
             if id(wi) not in plans:
-                plans[id(wi)] = mmvq_launch.mmvq_launches([wi], qs, ds, n, [out])
+                plans[id(wi)] = mmvq_launch.mmvq_launches([wi], qs, ds, n, [out], rs=rs[0] if rs else None)
             for fn, grid, block, args in plans[id(wi)]:
                 fn(grid, block, args)
         return run
@@ -201,6 +202,7 @@ def mul_mat_main(argv):
 
     from engine.cuda import mmvq as mmvq_launch
 
+    from engine.cuda.config import CudaConfig, configure
     from engine.cuda.dispatch import choose_path, mul_mat
     from engine.cuda.weights import upload
 
@@ -209,10 +211,13 @@ def mul_mat_main(argv):
     ap.add_argument("--types", default=",".join(DEFAULT_TYPES))
     ap.add_argument("--compare", action="store_true")
     ap.add_argument("--ns", default="", help="column counts (default: the issue's)")
+    ap.add_argument("--decode-activations", default="q8_1", choices=("q8_1", "q16"),
+                    help="one-column MMVQ on q8_1 activations (the default) or 16-bit ones")
     ap.add_argument("--graph", action="store_true",
                     help="MMVQ kernel times from a CUDA graph of 20 launches (no host time between launches, which "
                          "10 back-to-back launches from Python leave where a kernel is shorter than its launch)")
     args = ap.parse_args(argv)
+    configure(CudaConfig(exact_decode=args.decode_activations == "q16"))
     rng = np.random.default_rng(0)
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, "
           f"copy bandwidth {copy_bandwidth():.0f} GB/s (read + write)")

@@ -17,6 +17,8 @@
 #                                         1B and 8B, then bench.py decode at 1-64 sequences on the 8B; TREE: another
 #                                         checkout of the project to measure the same way (before / after)
 #   bash scripts/device.sh kernels [ARGS] bench.py mul-mat ARGS (the kernels at llama.cpp's shapes)
+#   bash scripts/device.sh decode         the decode path at --decode-activations q16 and q8_1: fidelity.py --decode
+#                                         against the exact path on both real models, engine bench on the four models
 #   bash scripts/device.sh churn [B,..]   synthetic 8B: the engine core under a server's load, no HTTP
 #                                         (bench.py decode --churn), graphs on, then off
 #   bash scripts/device.sh http           the HTTP front end before a stand-in core (bench.py http)
@@ -100,6 +102,21 @@ models)         # [TREE]: engine bench on the four models and batched decode on 
   (cd $tree && PYTHONPATH=/tmp/site:$tree python3 $bd $SYNTH --npl 1,8,16,32,64 2>&1 | tail -6) ;;
 kernels)
   shift; python3 scripts/bench.py mul-mat "$@" 2>&1 | tee "$OUT/kernels.log" ;;
+decode)
+  synth 1b; synth 8b
+  for key in smol gemma; do
+    m=$SMOL; [ $key = gemma ] && m=$GEMMA
+    for a in q16 q8_1; do
+      python3 scripts/fidelity.py --model $m --tokens tests/data/llamacpp/apache.$key.tokens --device cuda --decode \
+        --ref tests/data/exact/apache.$key.exact.lp16.bin --decode-activations $a 2>&1 | tail -1 | tee -a "$OUT/decode.log"
+    done
+  done
+  for m in smollm2-135m gemma3-270m /tmp/models/synth-1b.gguf $SYNTH; do
+    for a in q16 q8_1 q16 q8_1; do          # alternated: drift within the lease shows
+      python3 -m engine.cli bench $m -p 512 -n 128 -r 5 --device cuda --decode-activations $a 2>&1 | tail -1 \
+        | sed "s/^/$a /" | tee -a "$OUT/decode.log"
+    done
+  done ;;
 bench)
   secs=${2:-10}
   synth 8b
@@ -175,7 +192,8 @@ tp-serve)
     kill $lp; wait $lp 2>/dev/null
   done ;;
 *)
-  echo "usage: $0 wheels | setup | stage CHUNK... | first-token | gpu-tests | models [TREE] | kernels [ARGS] | churn [B,..] |"
+  echo "usage: $0 wheels | setup | stage CHUNK... | first-token | gpu-tests | models [TREE] | kernels [ARGS] | decode |"
+  echo "       churn [B,..] |"
   echo "       http | serve MODEL [SECS] | bench [SECS] | serve-engine MODEL CLIENTS SECS | tp [N] | tp-serve [MODEL] [SECS] [N]"
   exit 2 ;;
 esac

@@ -2,7 +2,10 @@
 """Teacher-forced log-probs over a token file, and top-1 agreement / KL against a reference.
 
     python scripts/fidelity.py --model smollm2-135m --tokens tests/data/llamacpp/apache.smol.tokens \
-        --ref tests/data/llamacpp/apache.smol.cpu.lp16.bin [--device cpu|cuda] [--exact] [--out OUT.lp16.bin]
+        --ref tests/data/llamacpp/apache.smol.cpu.lp16.bin [--device cpu|cuda] [--exact] [--decode] \
+        [--decode-activations q16|q8_1] [--out OUT.lp16.bin]
+
+--decode runs the text one token per step through the decode path (as generation does) instead of in ubatches.
 
 KL is KL(engine || reference) over the engine's top 16, the reference's 16th log-prob standing in for ids it does
 not list (the definition of ../shared/tools/lpcmp.py with the engine as first file).
@@ -15,7 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.logprobs import compare, read_lp, top_k_logprobs, write_lp  # noqa: E402
+from engine.cuda.config import CudaConfig  # noqa: E402
+from engine.logprobs import compare, decode_logprobs, read_lp, top_k_logprobs, write_lp  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
 
 
@@ -32,15 +36,21 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--exact", action="store_true", help="float64 CPU path")
     ap.add_argument("--ubatch", type=int, default=512)
+    ap.add_argument("--decode", action="store_true", help="one token per step through the decode path")
+    ap.add_argument("--decode-activations", default="q8_1", choices=("q8_1", "q16"),
+                    help="the CUDA decode path's activations (engine generate's flag)")
     ap.add_argument("--out", help="write the engine's log-probs here")
     args = ap.parse_args(argv)
     tokens = [int(x) for x in Path(args.tokens).read_text().split()]
+    cuda = CudaConfig(exact_decode=args.decode_activations == "q16") if args.device == "cuda" else None
     rt = Runtime.load(args.model, device=args.device, exact=args.exact, n_ctx=max(len(tokens), 512),
-                      n_ubatch=args.ubatch)
+                      n_ubatch=args.ubatch, cuda=cuda)
     t0 = time.perf_counter()
-    top = teacher_forced(rt, tokens)
+    top = decode_logprobs(rt, tokens) if args.decode else teacher_forced(rt, tokens)
     result = {"model": args.model, "device": rt.backend.name, "exact": args.exact, "positions": len(tokens),
-              "seconds": round(time.perf_counter() - t0, 2)}
+              "decode": args.decode, "seconds": round(time.perf_counter() - t0, 2)}
+    if args.decode and args.device == "cuda":
+        result["decode_activations"] = args.decode_activations
     if args.out:
         write_lp(args.out, top)
     if args.ref:

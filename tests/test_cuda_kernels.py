@@ -28,6 +28,29 @@ def q8_1_ref(x: np.ndarray):
     return q.reshape(n, k), (q.astype(np.float64) * d.astype(np.float64)).reshape(n, k)
 
 
+def q16_ref(x: np.ndarray):
+    """numpy q8_1 with its residual plane (kernels/common.cuh warp_store_q8_1): r = roundf((x/d - q) * 254) ->
+    (r [n,k] int8, the value d * (q + r / 254) [n,k] f64)."""
+    n, k = x.shape
+    b = x.reshape(n, k // 32, 32).astype(np.float32)
+    amax = np.abs(b).max(axis=2, keepdims=True)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = np.where(amax == 0, np.float32(0), b / d).astype(np.float32)
+    q = np.where(v >= 0, np.floor(v + 0.5), np.ceil(v - 0.5)).astype(np.float32)
+    t = ((v - q) * np.float32(254)).astype(np.float32)
+    r = np.where(t >= 0, np.floor(t + 0.5), np.ceil(t - 0.5))
+    value = d.astype(np.float64) * (q.astype(np.float64) + r.astype(np.float64) / 254)
+    return r.astype(np.int8).reshape(n, k), value.reshape(n, k)
+
+
+def mmvq_activations_ref(x: np.ndarray, t) -> np.ndarray:
+    """The activations an MMVQ mul_mat of type t multiplies: 16-bit (q16_ref) where it takes the residual plane
+    (mmvq.takes_residual: one column, CudaConfig.exact_decode), else q8_1-rounded."""
+    from engine.cuda.mmvq import takes_residual
+    return q16_ref(x)[1] if takes_residual(int(t), x.shape[0]) else q8_1_ref(x)[1]
+
+
 def random_weight(t, m, k, rng):
     from engine.cuda.weights import upload
     info = TYPES[t]
@@ -59,6 +82,17 @@ def test_quantize_q8_1():
         assert np.array_equal(ds[:n, :, 0], d_ref)
         s_ref = d_ref * q_ref.reshape(n, k // 16, 16).astype(np.int64).sum(axis=2)
         np.testing.assert_allclose(ds[:n, :, 1], s_ref, rtol=1e-6, atol=1e-6)
+        # with the residual plane: q unchanged, r and the sums of q + r / 254 as numpy makes them
+        qs2, ds2, rs = (a.get() for a in launch.quantize_q8_1(cp.asarray(x), n_pad=n + 3, residual=True))
+        r_ref, value = q16_ref(x)
+        assert np.array_equal(qs2, qs) and np.array_equal(rs[:n], r_ref) and not rs[n:].any()
+        assert np.abs(rs).max() <= 127 and (n == 1 or np.abs(rs).max() >= 100)   # (n = 1: the zero block only)
+        ds2 = ds2.reshape(n + 3, k // 16, 2)
+        assert np.array_equal(ds2[:n, :, 0], d_ref)
+        np.testing.assert_allclose(ds2[:n, :, 1], value.reshape(n, k // 16, 16).sum(axis=2), rtol=1e-5, atol=1e-5)
+        # 16-bit: within max|x| / 64,000 of x per 32 values, where q8_1 is within max|x| / 254
+        amax = np.abs(x.reshape(n, k // 32, 32)).max(axis=2, keepdims=True)
+        assert (np.abs(value - x).reshape(n, k // 32, 32) <= amax / 64000 + 1e-12).all()
 
 
 @pytest.mark.parametrize("t", QTYPES, ids=lambda t: t.name)
@@ -80,24 +114,28 @@ def test_dequantize(t):
 def test_mul_mat_quantized(t):
     import cupy as cp
     from engine.cuda.dispatch import choose_path, mul_mat
-    from engine.cuda.mmvq import mmvq_max_cols
+    from engine.cuda.config import forced
+    from engine.cuda.mmvq import mmvq_max_cols, takes_residual
     rng = np.random.default_rng()
     for m, k in shapes(t):
         w, wref = random_weight(t, m, k, rng)
-        for n in NCOLS:
+        for n, exact in [(n, False) for n in NCOLS] + [(1, True)]:    # exact: 16-bit activations at one column
             x = rng.standard_normal((n, k)).astype(np.float32)
             _, xq = q8_1_ref(x)
-            ref = xq @ wref.T
             xd = cp.asarray(x)
             paths = [None, "mmq", "dequant"] + (["mmvq"] if n <= mmvq_max_cols(int(t)) else [])
             for path in paths:
-                out = cp.full((n, m), cp.nan, cp.float32)
-                y = mul_mat(w, xd, path=path, out=out).get()
-                taken = path or choose_path(w, n)
-                label = f"{t.name} m={m} k={k} n={n} path={taken}"
-                assert np.isfinite(y).all(), f"{label}: unwritten outputs"
-                bound = 5e-4 if taken == "dequant" else 1e-8   # dequant rounds weights and activations to f16
-                assert nmse(y, ref) <= bound, f"{label}: nmse {nmse(y, ref):.3g}"
+                with forced(exact_decode=exact):
+                    out = cp.full((n, m), cp.nan, cp.float32)
+                    y = mul_mat(w, xd, path=path, out=out).get()
+                    taken = path or choose_path(w, n)
+                    ref = (mmvq_activations_ref(x, t) if taken == "mmvq" else xq) @ wref.T
+                    label = f"{t.name} m={m} k={k} n={n} path={taken}"
+                    assert np.isfinite(y).all(), f"{label}: unwritten outputs"
+                    bound = 5e-4 if taken == "dequant" else 1e-8   # dequant rounds weights and activations to f16
+                    assert nmse(y, ref) <= bound, f"{label}: nmse {nmse(y, ref):.3g}"
+                    if taken == "mmvq" and takes_residual(int(t), n):     # 16-bit: near x itself (q8_1: ~1e-5)
+                        assert nmse(y, x.astype(np.float64) @ wref.T) <= 1e-8, f"{label}: 16-bit activations"
 
 
 @pytest.mark.parametrize("t,q4k", [(GGMLType.Q4_K, True), (GGMLType.Q4_K, False), (GGMLType.Q6_K, True),
@@ -154,24 +192,27 @@ def test_mul_mat_float(t):
             assert nmse(y, ref) <= 1e-6, (m, k, n, nmse(y, ref))
 
 
+@pytest.mark.parametrize("exact", [False, True], ids=["q8_1", "q16"])
 @pytest.mark.parametrize("kernel", ["tc", "pieces", "pairs", "mmvq"])
-def test_q4_K_mmvq_kernels_every_ncols(kernel):
+def test_q4_K_mmvq_kernels_every_ncols(kernel, exact):
     """Q4_K through each of its MMVQ kernels (CudaConfig.mmvq_q4_K) at every column count it
     takes (9..16: the tensor-core kernel in one launch, the others in two; the tensor-core kernel also past 16, up
     to 64 columns, in kernels of 24..64 with fewer columns present), plain, three matrices in one launch and with
-    the GLU epilogue, against numpy."""
+    the GLU epilogue, against numpy; exact: one column on 16-bit activations where the kernel has them."""
     from engine.cuda.config import forced
-    with forced(mmvq_q4_K=kernel, mul_mat_path="mmvq"):          # mul_mats and glu too, past the dispatch table's n
-        q4_K_mmvq_cases(kernel)
+    with forced(mmvq_q4_K=kernel, mul_mat_path="mmvq", exact_decode=exact):   # mul_mats and glu too, past the
+        q4_K_mmvq_cases(kernel, exact)                                      # dispatch table's n
 
 
-def q4_K_mmvq_cases(kernel):
+def q4_K_mmvq_cases(kernel, exact):
     import cupy as cp
     from engine.cuda import dispatch
     from engine.cuda import mmvq as mmvq_launch
     ncols = range(1, mmvq_launch.PAIRS_MAX_COLS + 1) if kernel == "pairs" else range(1, 17)
     if kernel == "tc":
         ncols = [*ncols, 17, 23, 24, 31, 32, 40, 47, 56, 63, 64]
+    if exact:
+        ncols = [1]
     rng = np.random.default_rng()
     # k = 8192: one group of 128 threads per row; k = 256: one super-block per row (the tiny models' q/k/v, gate, up)
     for m, k in shapes(GGMLType.Q4_K) + [(37, 8192), (21, 256)]:
@@ -179,7 +220,7 @@ def q4_K_mmvq_cases(kernel):
                                                  for rows in (m, m // 2 + 3, 21, m))
         for n in ncols:
             x = rng.standard_normal((n, k)).astype(np.float32)
-            _, xq = q8_1_ref(x)
+            xq = mmvq_activations_ref(x, GGMLType.Q4_K)
             out = cp.full((n, m), cp.nan, cp.float32)
             y = dispatch.mul_mat(w, cp.asarray(x), path="mmvq", out=out).get()
             assert np.isfinite(y).all() and nmse(y, xq @ rw.T) <= 1e-8, (kernel, m, k, n)
@@ -220,24 +261,27 @@ def test_q4_K_mmvq_tc_every_split():
 
 @pytest.mark.parametrize("t", QTYPES, ids=lambda t: t.name)
 def test_mmvq_multi_and_glu(t):
-    """Three matrices in one MMVQ launch (q, k, v: different row counts), and the fused gate/up GLU, against numpy."""
+    """Three matrices in one MMVQ launch (q, k, v: different row counts), and the fused gate/up GLU, against numpy
+    (at one column also on 16-bit activations)."""
     import cupy as cp
     from engine.cuda import dispatch
+    from engine.cuda.config import forced
     rng = np.random.default_rng()
     m, k = shapes(t)[0]
     (wq, rq), (wk, rk), (wv, rv) = (random_weight(t, rows, k, rng) for rows in (m, m // 2 + 3, 37))
     (wg, rg), (wu, ru) = (random_weight(t, m, k, rng) for _ in range(2))
-    for n in (1, 2, 3, 8, 11, 16):
-        x = rng.standard_normal((n, k)).astype(np.float32)
-        _, xq = q8_1_ref(x)
-        outs = dispatch.mul_mats([wq, wk, wv], cp.asarray(x))
-        for out, ref in zip(outs, (xq @ rq.T, xq @ rk.T, xq @ rv.T)):
-            assert out.shape == ref.shape and nmse(out.get(), ref) <= 1e-8, (t.name, n)
-        g, u = xq @ rg.T, xq @ ru.T
-        for act, ref in (("silu", g / (1 + np.exp(-g)) * u),
-                         ("gelu", 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3))) * u)):
-            y = dispatch.glu(wg, wu, cp.asarray(x), act).get()
-            assert nmse(y, ref) <= 1e-8, (t.name, n, act, nmse(y, ref))
+    for n, exact in [(1, False), (2, False), (3, False), (8, False), (11, False), (16, False), (1, True)]:
+        with forced(exact_decode=exact):
+            x = rng.standard_normal((n, k)).astype(np.float32)
+            xq = mmvq_activations_ref(x, t)
+            outs = dispatch.mul_mats([wq, wk, wv], cp.asarray(x))
+            for out, ref in zip(outs, (xq @ rq.T, xq @ rk.T, xq @ rv.T)):
+                assert out.shape == ref.shape and nmse(out.get(), ref) <= 1e-8, (t.name, n)
+            g, u = xq @ rg.T, xq @ ru.T
+            for act, ref in (("silu", g / (1 + np.exp(-g)) * u),
+                             ("gelu", 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3))) * u)):
+                y = dispatch.glu(wg, wu, cp.asarray(x), act).get()
+                assert nmse(y, ref) <= 1e-8, (t.name, n, act, nmse(y, ref))
 
 
 @pytest.mark.parametrize("t", [GGMLType.Q8_0, GGMLType.Q4_K], ids=lambda t: t.name)

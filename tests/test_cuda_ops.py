@@ -4,6 +4,7 @@ import pytest
 
 from engine.backends.base import Batch
 from engine.backends.cpu import CPUBackend
+from engine.cuda.config import forced
 from engine.model.rope import inv_freq
 
 pytestmark = pytest.mark.gpu
@@ -30,6 +31,18 @@ def test_rms_norm(backends):
         assert nmse(y, cpu.rms_norm(x, w, 1e-6)) < 1e-12
 
 
+def assert_q8_1_written(gpu, y):
+    """The q8_1 blocks a kernel registered for y (with the residual plane at one row, dispatch.residual_rows) are
+    those quantize_q8_1 writes, bit for bit."""
+    import cupy as cp
+    from engine.cuda import dispatch, launch
+    residual = dispatch.residual_rows(y.shape[0])
+    key = "q8_1r" if residual else ("q8_1", None)
+    assert gpu.acts.x is y and key in gpu.acts.forms
+    for got, ref in zip(gpu.acts.forms[key], launch.quantize_q8_1(y, residual=residual), strict=True):
+        assert cp.array_equal(got, ref)
+
+
 @pytest.mark.parametrize("post_norm", [False, True])
 def test_add_rms_norm(backends, post_norm):
     import cupy as cp
@@ -43,10 +56,11 @@ def test_add_rms_norm(backends, post_norm):
                                 r_norm=cp.asarray(wr) if post_norm else None)
         assert nmse(s.get(), ref_s) < 1e-12 and nmse(y.get(), ref_y) < 1e-12
         if shape[0] <= 8:                             # a decode step: y's q8_1 blocks come with it, as quantize writes
-            from engine.cuda import launch
-            qs, ds = gpu.acts.q8_1(y)
-            ref_qs, ref_ds = launch.quantize_q8_1(y)
-            assert cp.array_equal(qs, ref_qs) and cp.array_equal(ds, ref_ds)
+            assert_q8_1_written(gpu, y)
+            with forced(exact_decode=True):           # and at one row on 16-bit activations, their residual plane
+                _, y = gpu.add_rms_norm(cp.asarray(x), cp.asarray(r), cp.asarray(w), 1e-6,
+                                        r_norm=cp.asarray(wr) if post_norm else None)
+                assert_q8_1_written(gpu, y)
 
 
 @pytest.mark.parametrize("neox", [False, True])
@@ -129,10 +143,11 @@ def test_attention(backends, window, kind, d, softcap):
         out = res.get()
         assert nmse(out, ref) < bound, (gpu.kv_dtype, nmse(out, ref))
         if gpu.acts.x is res:                           # the split kernel also wrote the output's q8_1 blocks
-            from engine.cuda import launch
-            qs, ds = gpu.acts.q8_1(res)
-            ref_qs, ref_ds = launch.quantize_q8_1(res)
-            assert cp.array_equal(qs, ref_qs) and cp.array_equal(ds, ref_ds)
+            assert_q8_1_written(gpu, res)
+            with forced(exact_decode=True):             # (at one row on 16-bit activations: the residual plane)
+                res = gpu.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), gcache, 0, batch, 0.125, window,
+                                    softcap)
+                assert_q8_1_written(gpu, res)
 
 
 def test_glu_and_embed(backends):

@@ -57,8 +57,29 @@ def test_activation_forms_follow_the_last_array():
     assert acts.q8_1(x) == ("qs", "ds")
     acts.put_q8_1(y, ("qs2", "ds2"))
     assert acts.forms == {("q8_1", None): ("qs2", "ds2")} and acts.x is y
+    acts.put_q8_1(y, ("qs3", "ds3", "rs3"))                       # with its residual plane: that form only
+    assert acts.q8_1_residual(y) == ("qs3", "ds3", "rs3") and acts.forms[("q8_1", None)] == ("qs2", "ds2")
     acts.clear()
     assert acts.x is None and acts.forms == {}
+
+
+def test_residual_plane_at_one_column_only():
+    """CudaConfig.exact_decode: one-column MMVQ on mmvq / mmvq_q4_K_pairs takes the residual plane (EXACT
+    instances); more columns, the tensor-core and piece kernels, or exact_decode off do not."""
+    from engine.cuda.config import CudaConfig
+    from engine.cuda.dispatch import residual_rows
+    assert CudaConfig().exact_decode is False
+    from engine.cuda.mmvq import mmvq_choice, takes_residual
+    q4k, q6k = int(GGMLType.Q4_K), int(GGMLType.Q6_K)
+    assert not takes_residual(q4k, 1) and not takes_residual(q6k, 1) and not residual_rows(1)   # off by default
+    with forced(exact_decode=True):
+        assert takes_residual(q4k, 1) and takes_residual(q6k, 1) and residual_rows(1)
+        assert not takes_residual(q4k, 2) and not takes_residual(q6k, 2) and not residual_rows(2)
+        for kernel in ("tc", "pieces"):
+            with forced(mmvq_q4_K=kernel):
+                assert not takes_residual(q4k, 1) and takes_residual(q6k, 1)
+    assert mmvq_choice(q4k, 1, 0, exact=True)[:2] == ("mmvq_q4_K_pairs<1, 0, 1>", 4)     # 4 rows per group
+    assert mmvq_choice(q6k, 1, 2, exact=True)[0] == "mmvq<14, 1, 2, 1>"
 
 
 def test_mmvq_kernel_choice():
@@ -68,8 +89,8 @@ def test_mmvq_kernel_choice():
     q4k, q6k = int(GGMLType.Q4_K), int(GGMLType.Q6_K)
     assert [mmvq_choice(q4k, n, 0)[0].split("<")[0] for n in range(1, 9)] == (
         ["mmvq_q4_K_pairs"] + ["mmvq"] * 3 + ["mmvq_pieces"] * 4)
-    assert mmvq_choice(q4k, 1, 0)[:2] == ("mmvq_q4_K_pairs<1, 0>", 2)     # two rows per group
-    assert mmvq_choice(q4k, 1, 1)[:2] == ("mmvq_q4_K_pairs<1, 1>", 1)     # GLU: a gate row and an up row
+    assert mmvq_choice(q4k, 1, 0)[:2] == ("mmvq_q4_K_pairs<1, 0, 0>", 2)     # two rows per group
+    assert mmvq_choice(q4k, 1, 1)[:2] == ("mmvq_q4_K_pairs<1, 1, 0>", 1)     # GLU: a gate row and an up row
     big = 4096 * 14336
     assert [mmvq_choice(q4k, n, 0, big)[0].split("<")[0] for n in range(1, 17)] == (
         ["mmvq_q4_K_pairs"] + ["mmvq"] + ["mmvq_tc_q4_K"] * 14)
@@ -77,23 +98,23 @@ def test_mmvq_kernel_choice():
         ["mmvq", "mmvq", "mmvq_pieces", "mmvq_tc_q4_K", "mmvq_tc_q4_K"])
     # at 2 columns where k >= 2 x the rows (4096 x 14336), not 14336 x 4096 or a 4096 x 4096 launch
     assert mmvq_choice(q4k, 2, 0, big, 14336)[0] == "mmvq_tc_q4_K<2, 0>"
-    assert mmvq_choice(q4k, 2, 0, big, 4096)[0] == mmvq_choice(q4k, 2, 0, 4096 * 4096, 4096)[0] == "mmvq<12, 2, 0>"
-    assert mmvq_choice(q4k, 1, 0, big, 14336)[0] == "mmvq_q4_K_pairs<1, 0>"
-    assert mmvq_choice(q6k, 8, 0, big)[0] == "mmvq<14, 8, 0>"
+    assert mmvq_choice(q4k, 2, 0, big, 4096)[0] == mmvq_choice(q4k, 2, 0, 4096 * 4096, 4096)[0] == "mmvq<12, 2, 0, 0>"
+    assert mmvq_choice(q4k, 1, 0, big, 14336)[0] == "mmvq_q4_K_pairs<1, 0, 0>"
+    assert mmvq_choice(q6k, 8, 0, big)[0] == "mmvq<14, 8, 0, 0>"
     assert all(mmvq_choice(q6k, n, 0)[0].startswith("mmvq<") for n in range(1, 9))
     assert mmvq_choice(q4k, 8, 1)[:2] == ("mmvq_pieces<12, 8, 1>", 2)       # GLU: half the rows of the group
     assert mmvq_choice(q4k, 20, 0)[0] == "mmvq_tc_q4_K<24, 0>"              # past 16: the next wide kernel
     with forced(mmvq_q4_K="mmvq"):
-        assert mmvq_choice(q4k, 1, 0)[0] == "mmvq<12, 1, 0>" and mmvq_choice(q4k, 8, 0, big)[0] == "mmvq<12, 8, 0>"
+        assert mmvq_choice(q4k, 1, 0)[0] == "mmvq<12, 1, 0, 0>" and mmvq_choice(q4k, 8, 0, big)[0] == "mmvq<12, 8, 0, 0>"
     with forced(mmvq_q4_K="pieces"):
         assert mmvq_choice(q4k, 1, 0)[0] == "mmvq_pieces<12, 1, 0>" and mmvq_choice(q4k, 8, 0, big)[0] == \
             "mmvq_pieces<12, 8, 0>"
     with forced(mmvq_q4_K="pairs"):
-        assert mmvq_choice(q4k, 1, 0)[0] == "mmvq_q4_K_pairs<1, 0>" and mmvq_choice(q4k, 5, 0)[0] == "mmvq<12, 5, 0>"
+        assert mmvq_choice(q4k, 1, 0)[0] == "mmvq_q4_K_pairs<1, 0, 0>" and mmvq_choice(q4k, 5, 0)[0] == "mmvq<12, 5, 0, 0>"
     with forced(mmvq_q4_K="tc"):
         assert mmvq_choice(q4k, 5, 0)[:2] == ("mmvq_tc_q4_K<5, 0>", 128)      # 8 warps of 16 rows
         assert mmvq_choice(q4k, 5, 2)[:2] == ("mmvq_tc_q4_K<5, 2>", 64)       # GLU: gate and up tiles
-        assert mmvq_choice(q6k, 3, 0)[0] == "mmvq<14, 3, 0>"
+        assert mmvq_choice(q6k, 3, 0)[0] == "mmvq<14, 3, 0, 0>"
 
 
 def test_mmvqt_splits(monkeypatch):
@@ -165,9 +186,10 @@ def test_mmvq_args_layout():
     """The MMVQ kernels' argument tuple (kernels/mmvq.cu MMVQ_PARAMS): absent matrices are null with 0 rows."""
     from engine.cuda.mmvq import mmvq_args
     q, v = GPUWeight(GGMLType.Q4_K, 4096, 2048, "wq", 1152), GPUWeight(GGMLType.Q4_K, 1024, 2048, "wv", 1152)
-    args = mmvq_args([q, v], "qs", "ds", ["yq", "yv"], 4)
-    assert args[:8] == ("wq", "wv", 0, "qs", "ds", "yq", "yv", 0)
-    assert [int(a) for a in args[8:]] == [4096, 1024, 0, 2048, 1152, 4]
+    args = mmvq_args([q, v], "qs", "ds", None, ["yq", "yv"], 4)
+    assert args[:9] == ("wq", "wv", 0, "qs", "ds", 0, "yq", "yv", 0)
+    assert [int(a) for a in args[9:]] == [4096, 1024, 0, 2048, 1152, 4]
+    assert mmvq_args([q], "qs", "ds", "rs", ["yq"], 4)[5] == "rs"          # the residual plane (EXACT instances)
 
 
 def test_mmvq_column_groups():

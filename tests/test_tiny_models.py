@@ -40,6 +40,19 @@ def prompt_and_decode():
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_decode_logprobs_equal_prefill(tiny, arch):
+    """scripts/fidelity.py --decode: one token per step gives the log-probs the whole prompt gives (float64 path)."""
+    from engine.logprobs import decode_logprobs, top_k_logprobs
+    prompt, _ = prompt_and_decode()
+    load = lambda: Runtime.load(tiny[arch], device="cpu", n_ctx=64, n_ubatch=32, exact=True)   # noqa: E731
+    stepped = decode_logprobs(load(), prompt, k=8, rows_per_copy=7)
+    whole = top_k_logprobs(load().prefill(prompt, all_logits=True), 8)
+    assert stepped.ids.shape == (len(prompt), 8) and stepped.n_vocab == whole.n_vocab
+    assert np.array_equal(stepped.ids[:, 0], whole.ids[:, 0])
+    np.testing.assert_allclose(stepped.logprobs, whole.logprobs, atol=1e-9)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_cpu_float32_matches_float64(tiny, arch):
     prompt, dec = prompt_and_decode()
     f32 = run(Runtime.load(tiny[arch], device="cpu", n_ctx=64, n_ubatch=32), prompt, dec)

@@ -151,10 +151,11 @@ class CUDABackend(Backend):
         d = x.shape[-1]
         s, y = cp.empty_like(x), cp.empty_like(x)
         rows = x.size // d
-        q8 = (np.uint64(0), np.uint64(0))
+        q8 = (np.uint64(0),) * 3
         if 0 < rows <= 8 and d % 32 == 0:              # a decode step: y goes to MMVQ, write its q8_1 blocks too
-            q8 = (cp.empty((rows, d), cp.int8), cp.empty((rows, d // 8), cp.float32))
+            q8 = self._q8_1_planes(rows, d)
             self.acts.put_q8_1(y, q8)
+            q8 = (*q8, np.uint64(0))[:3]
         if rows:
             kernel("rms_norm", "add_rms_norm")(
                 (rows,), (norm_threads(d),),
@@ -274,15 +275,22 @@ class CUDABackend(Backend):
         n, n_head, d = q.shape
         out = cp.empty((n, n_head, d), cp.float32)
         part = cp.empty((n, n_head, n_split, d + 2), cp.float32)     # per chunk: max, sum, output[head_dim]
-        q8 = (cp.empty((n, n_head * d), cp.int8), cp.empty((n, n_head * d // 8), cp.float32))  # out as q8_1
+        q8 = self._q8_1_planes(n, n_head * d)                        # out as q8_1 (and its residual plane)
         kernel("attention", f"attention_split<{self._kv_type(cache, layer)}, {attention_head_chunks(d)}, "
                             f"{'true' if ctx[4] else 'false'}>")(
             (n, n_head, n_split), (32, 4),
             (q, cache.k[layer], cache.v[layer], out, *self._tail(q, seq_ids, positions, ctx), part,
-             self._tickets, *q8, *((k, v) if k is not None else (np.uint64(0),) * 2)))
+             self._tickets, *(*q8, np.uint64(0))[:3], *((k, v) if k is not None else (np.uint64(0),) * 2)))
         out = out.reshape(n, n_head * d)
         self.acts.put_q8_1(out, q8)
         return out
+
+    @staticmethod
+    def _q8_1_planes(rows: int, d: int) -> tuple:
+        """Buffers for the q8_1 blocks of a [rows, d] activation a kernel writes for the next mul_mat: (qs, ds), and
+        the residual plane rs where those rows are multiplied on 16-bit activations (dispatch.residual_rows)."""
+        q8 = (cp.empty((rows, d), cp.int8), cp.empty((rows, d // 8), cp.float32))
+        return q8 + (cp.empty((rows, d), cp.int8),) if dispatch.residual_rows(rows) else q8
 
     def _attention_plain(self, q, seq_ids, positions, out, ctx) -> None:
         cache, layer = ctx[:2]

@@ -57,10 +57,11 @@ def name_expressions(family: str) -> list[str]:
     if family == "dequantize":
         return [f"dequantize_{o}<{t}>" for t in qtypes for o in ("f16", "f32")]
     if family == "mmvq":
-        return [f"mmvq<{t}, {n}, {g}>" for t in qtypes for n in range(1, 9) for g in range(3)] + [
+        return [f"mmvq<{t}, {n}, {g}, 0>" for t in qtypes for n in range(1, 9) for g in range(3)] + [
+            f"mmvq<{t}, 1, {g}, 1>" for t in qtypes for g in range(3)] + [
             f"mmvq_pieces<12, {n}, {g}>" for n in range(1, 9) for g in range(3)] + [
             f"mmvq_tc_q4_K<{n}, {g}>" for n in (*range(1, 17), *TC_WIDE_NCOLS) for g in range(3)] + [
-            f"mmvq_q4_K_pairs<1, {g}>" for g in range(3)]
+            f"mmvq_q4_K_pairs<1, {g}, {e}>" for g in range(3) for e in range(2)]
     if family == "mmvf":
         return [f"mmvf<{w}, {n}, {v}>" for w, vec in (("float", 4), ("u16", 8)) for n in range(1, 9)
                 for v in (vec, 1)]

@@ -22,6 +22,8 @@ class CudaConfig:
     mmq_splits: int | None = None        # k splits of an MMQ launch (1: none)
     mmq_q4_K: bool = True                # Q4_K's MMQ on its raw blocks (False: the generic mmq<Q4_K>)
     graphs: bool = True                  # decode and repeated prefill steps replayed as CUDA graphs
+    exact_decode: bool = False           # one-column MMVQ (a sequence's decode step) on 16-bit activations: q8_1
+                                         # plus an int8 residual plane (--decode-activations q16; BENCHMARKS.md)
 
     def __post_init__(self):
         if self.mul_mat_path not in (None, *MUL_MAT_PATHS):

@@ -60,9 +60,16 @@ def choose_path(w: GPUWeight, n: int, arch: tuple[int, int] | None = None) -> st
     return "mmq" if mmq_launch.should_use_mmq(w, n, table) else "dequant"
 
 
+def residual_rows(n: int) -> bool:
+    """Whether an activation array of n rows is multiplied on 16-bit activations where MMVQ takes them (q8_1 and its
+    residual plane, CudaConfig.exact_decode): what the kernels that write q8_1 blocks for the next mul_mat (the norm,
+    decode attention) also write the residual plane for."""
+    return current().exact_decode and n <= mmvq_launch.RESIDUAL_MAX_COLS
+
+
 class Activations:
-    """Forms of the last activation array multiplied (q8_1 blocks, f16), reused while the next mul_mats take the
-    same array (q, k and v; gate and up). Arrays are treated as immutable."""
+    """Forms of the last activation array multiplied (q8_1 blocks, with its residual plane, f16), reused while the
+    next mul_mats take the same array (q, k and v; gate and up). Arrays are treated as immutable."""
 
     def __init__(self):
         self.x, self.forms = None, {}
@@ -81,9 +88,13 @@ class Activations:
     def q8_1(self, x, n_pad=None):
         return self._get(x, ("q8_1", n_pad), lambda: launch.quantize_q8_1(x, n_pad))
 
+    def q8_1_residual(self, x):
+        """(qs, ds, rs): x's q8_1 blocks, their residual plane and the sums of both (16-bit activations)."""
+        return self._get(x, "q8_1r", lambda: launch.quantize_q8_1(x, residual=True))
+
     def put_q8_1(self, x, q8) -> None:
-        """x's q8_1 blocks (qs, ds), made by the kernel that wrote x."""
-        self._forms_of(x)[("q8_1", None)] = q8
+        """x's q8_1 blocks (qs, ds), or (qs, ds, rs) with the residual plane, made by the kernel that wrote x."""
+        self._forms_of(x)["q8_1r" if len(q8) == 3 else ("q8_1", None)] = tuple(q8)
 
     def f16(self, x):
         import cupy
@@ -118,8 +129,8 @@ def mul_mat(w: GPUWeight, x, path: str | None = None, out=None, acts: Activation
     if path == "cublas":
         return launch.gemm_xwt(x, w.data, out)
     if path == "mmvq":
-        qs, ds = acts.q8_1(x)
-        return mmvq_launch.mmvq(w, qs, ds, n, out)
+        qs, ds, rs = _mmvq_activations(acts, x, int(w.type), n)
+        return mmvq_launch.mmvq(w, qs, ds, n, out, rs)
     if path == "mmq":
         qs, ds = acts.q8_1(x, mmq_launch.mmq_n_pad(n))
         return mmq_launch.mmq(w, qs, ds, n, out)
@@ -132,13 +143,13 @@ def mul_mats(ws: list[GPUWeight], x, acts: Activations | None = None) -> list:
     acts = acts or Activations()
     if n == 0 or any(resolve_path(w, n) != "mmvq" for w in ws):
         return [mul_mat(w, x, acts=acts) for w in ws]
-    qs, ds = acts.q8_1(x)
     outs, i = [], 0
     while i < len(ws):
         j = i + 1
         while j < len(ws) and j - i < 3 and (ws[j].type, ws[j].k) == (ws[i].type, ws[i].k):
             j += 1
-        outs += mmvq_launch.mmvq_multi(ws[i:j], qs, ds, n)
+        qs, ds, rs = _mmvq_activations(acts, x, int(ws[i].type), n)
+        outs += mmvq_launch.mmvq_multi(ws[i:j], qs, ds, n, rs=rs)
         i = j
     return outs
 
@@ -149,5 +160,13 @@ def glu(gate: GPUWeight, up: GPUWeight, x, act: str, acts: Activations | None = 
     if n == 0 or resolve_path(gate, n) != "mmvq" or resolve_path(up, n) != "mmvq" or \
             (gate.type, gate.m, gate.k) != (up.type, up.m, up.k):
         return None
-    qs, ds = (acts or Activations()).q8_1(x)
-    return mmvq_launch.mmvq_glu(gate, up, qs, ds, n, act)
+    qs, ds, rs = _mmvq_activations(acts or Activations(), x, int(gate.type), n)
+    return mmvq_launch.mmvq_glu(gate, up, qs, ds, n, act, rs=rs)
+
+
+def _mmvq_activations(acts: Activations, x, t: int, n: int) -> tuple:
+    """(qs, ds, rs) for an MMVQ mul_mat of type t at n columns: rs the residual plane where the kernel takes 16-bit
+    activations (mmvq.takes_residual), else None."""
+    if mmvq_launch.takes_residual(t, n):
+        return acts.q8_1_residual(x)
+    return (*acts.q8_1(x), None)

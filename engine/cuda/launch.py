@@ -17,20 +17,23 @@ def _cp():
     return cupy
 
 
-def quantize_q8_1(x, n_pad: int | None = None, out: tuple | None = None):
+def quantize_q8_1(x, n_pad: int | None = None, out: tuple | None = None, residual: bool = False):
     """x: [n, k] f32 -> (qs [n_pad, k] int8, ds [n_pad, k/16] float2 as f32 [n_pad, k/8]), into out = (qs, ds) when
-    given (a benchmark's graph re-quantizing into the same buffers)."""
+    given (a benchmark's graph re-quantizing into the same buffers); with residual, (qs, ds, rs [n_pad, k] int8): the
+    residual plane too, and ds's sums those of q + rs / Q8_RESIDUAL (kernels/common.cuh warp_store_q8_1)."""
     cp = _cp()
     n, k = x.shape
     if k % 32:
         raise ValueError(f"quantize_q8_1: k={k} is not a multiple of 32")
     n_pad = n_pad or n
     x = cp.ascontiguousarray(x, dtype=cp.float32)
-    qs, ds = out or (cp.empty((n_pad, k), cp.int8), cp.empty((n_pad, k // 8), cp.float32))
+    planes = out or (cp.empty((n_pad, k), cp.int8), cp.empty((n_pad, k // 8), cp.float32)) + (
+        (cp.empty((n_pad, k), cp.int8),) if residual else ())
+    rs = planes[2] if len(planes) > 2 else np.uint64(0)
     warps = n_pad * (k // 32)
     kernel("quantize", "quantize_q8_1")(((warps + 7) // 8,), (32, 8),
-                                        (x, qs, ds, np.int32(n), np.int32(n_pad), np.int32(k)))
-    return qs, ds
+                                        (x, planes[0], planes[1], rs, np.int32(n), np.int32(n_pad), np.int32(k)))
+    return planes
 
 
 @functools.cache

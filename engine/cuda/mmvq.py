@@ -26,9 +26,9 @@ def mmvqp_rows(ncols: int, glu: int = 0) -> int:
     return (rows + 1) // 2 if glu else rows
 
 
-def mmvq2_rows(ncols: int) -> int:
-    """Rows each mmvq_q4_K_pairs thread group serves (kernels/mmvq.cu mmvq2_rows)."""
-    return _MMVQ["MMVQ2_ROWS_1"] if ncols == 1 else _MMVQ["MMVQ2_ROWS_N"]
+def mmvq2_rows(ncols: int, exact: bool = False) -> int:
+    """Rows each mmvq_q4_K_pairs thread group serves (kernels/mmvq.cu mmvq2_rows; exact: its EXACT instances)."""
+    return _MMVQ["MMVQ2_ROWS_EXACT"] if exact else _MMVQ["MMVQ2_ROWS_1"] if ncols == 1 else _MMVQ["MMVQ2_ROWS_N"]
 
 
 Q4_K = QTYPES["T_Q4_K"]
@@ -53,6 +53,10 @@ TC_MAX_COLS = TC_WIDE_NCOLS[-1]                     # mmvq_tc_q4_K takes up to t
 MMVQT_SMEM_MAX = 227 * 1024                         # an sm_90 block's dynamic shared memory at most
 MMVQ_MAX_COLS = 16      # columns a mul_mat of a type without the tensor-core kernel takes on MMVQ (launches of 8)
 KERNEL_MAX_COLS = 8     # columns mmvq and mmvq_pieces take per launch
+# Columns up to which mmvq and mmvq_q4_K_pairs take 16-bit activations (q8_1 and its residual plane, their EXACT
+# instances) where CudaConfig.exact_decode: one sequence's decode step, the path its fidelity is measured on
+# (BENCHMARKS.md, Fidelity).
+RESIDUAL_MAX_COLS = 1
 
 
 def should_use_mmvq(w: GPUWeight, n: int, table: dict) -> bool:
@@ -88,6 +92,12 @@ def _use_pieces(t: int, n: int) -> bool:
 def _use_pairs(t: int, n: int) -> bool:
     forced = _q4_K_forced("pairs")
     return t == Q4_K and n <= PAIRS_MAX_COLS and (True if forced is None else forced)
+
+
+def takes_residual(t: int, n: int) -> bool:
+    """Whether an MMVQ mul_mat of type t at n columns runs on 16-bit activations (an EXACT kernel instance, reading
+    the residual plane): CudaConfig.exact_decode, n <= RESIDUAL_MAX_COLS and a kernel that has them (mmvq, pairs)."""
+    return (current().exact_decode and n <= RESIDUAL_MAX_COLS and not _use_tc(t, n) and not _use_pieces(t, n))
 
 
 def _mmvqt_wide(ncols: int) -> bool:
@@ -197,21 +207,25 @@ def _mmvq2_groups(t: int, m: int, k: int) -> int:
     return 4
 
 
-def mmvq_choice(t: int, n: int, glu: int, weights: int = 0, k: int = 0) -> tuple:
+def mmvq_choice(t: int, n: int, glu: int, weights: int = 0, k: int = 0, exact: bool = False) -> tuple:
     """(kernel name, output rows per group, groups function, threads per block) of the MMVQ kernel for type t at n
-    columns (glu: 0, or 1 / 2 for the silu / gelu epilogue) in a launch reading `weights` weights (rows x k). For
-    mmvq_tc_q4_K: its rows per block, no groups function and no threads (mmvq_launches has its launch rule)."""
+    columns (glu: 0, or 1 / 2 for the silu / gelu epilogue) in a launch reading `weights` weights (rows x k); exact:
+    its instance on 16-bit activations (takes_residual). For mmvq_tc_q4_K: its rows per block, no groups function and
+    no threads (mmvq_launches has its launch rule)."""
     if _use_tc(t, n, weights, k):
+        assert not exact
         return f"mmvq_tc_q4_K<{mmvqt_ncols(n)}, {glu}>", mmvqt_rows(glu, mmvqt_ncols(n)), None, None
     if _use_pieces(t, n):
+        assert not exact
         return f"mmvq_pieces<{t}, {n}, {glu}>", mmvqp_rows(n, glu), _mmvqp_groups, MMVQ_THREADS
     if _use_pairs(t, n):
-        return f"mmvq_q4_K_pairs<{n}, {glu}>", 1 if glu else mmvq2_rows(n), _mmvq2_groups, MMVQ_THREADS
-    return f"mmvq<{t}, {n}, {glu}>", 1 if glu else mmvq_rows(n), _mmvq_groups, MMVQ_THREADS
+        return (f"mmvq_q4_K_pairs<{n}, {glu}, {int(exact)}>", 1 if glu else mmvq2_rows(n, exact), _mmvq2_groups,
+                MMVQ_THREADS)
+    return f"mmvq<{t}, {n}, {glu}, {int(exact)}>", 1 if glu else mmvq_rows(n), _mmvq_groups, MMVQ_THREADS
 
 
-def _mmvq_kernel(t: int, n: int, glu: int, weights: int, k: int) -> tuple:
-    name, rows, groups_for, threads = mmvq_choice(t, n, glu, weights, k)
+def _mmvq_kernel(t: int, n: int, glu: int, weights: int, k: int, exact: bool) -> tuple:
+    name, rows, groups_for, threads = mmvq_choice(t, n, glu, weights, k, exact)
     return kernel("mmvq", name), rows, groups_for, threads
 
 
@@ -225,31 +239,36 @@ def column_groups(t: int, n: int) -> list[tuple[int, int]]:
     return [(j, min(KERNEL_MAX_COLS, n - j)) for j in range(0, n, KERNEL_MAX_COLS)]
 
 
-def mmvq(w: GPUWeight, qs, ds, n: int, out=None):
-    """y [n, m] = x W^T for n <= mmvq_max_cols(w.type) columns (activations from quantize_q8_1)."""
-    return mmvq_multi([w], qs, ds, n, [out])[0]
+def mmvq(w: GPUWeight, qs, ds, n: int, out=None, rs=None):
+    """y [n, m] = x W^T for n <= mmvq_max_cols(w.type) columns (activations from quantize_q8_1; rs: their residual
+    plane, where takes_residual)."""
+    return mmvq_multi([w], qs, ds, n, [out], rs)[0]
 
 
-def mmvq_multi(ws: list[GPUWeight], qs, ds, n: int, outs=None):
+def mmvq_multi(ws: list[GPUWeight], qs, ds, n: int, outs=None, rs=None):
     """[x W^T for W in ws] in one launch: up to 3 matrices of one type and k (q, k, v) -> list of [n, m_i]."""
     cp = launch._cp()
     outs = outs or [None] * len(ws)
     ys = [o if o is not None else cp.empty((n, w.m), cp.float32) for w, o in zip(ws, outs)]
-    for fn, grid, block, args in mmvq_launches(ws, qs, ds, n, ys):
+    for fn, grid, block, args in mmvq_launches(ws, qs, ds, n, ys, rs=rs):
         fn(grid, block, args)
     return ys
 
 
-def mmvq_launches(ws: list[GPUWeight], qs, ds, n: int, ys: list, glu: int = 0) -> list[tuple]:
+def mmvq_launches(ws: list[GPUWeight], qs, ds, n: int, ys: list, glu: int = 0, rs=None) -> list[tuple]:
     """[(kernel, grid, block, args)] of mmvq_multi's launches into ys, one per column group (a benchmark repeats them
-    without the Python work); with glu (GLU_ACTS), mmvq_glu's: ws = [gate, up] into ys = [y]."""
+    without the Python work); with glu (GLU_ACTS), mmvq_glu's: ws = [gate, up] into ys = [y]. rs: the activations'
+    residual plane, given exactly where takes_residual (the kernels' EXACT instances)."""
     assert 1 <= len(ws) <= 3 and len({(int(w.type), w.k) for w in ws}) == 1
     t, k = int(ws[0].type), ws[0].k
+    exact = rs is not None
+    if exact != takes_residual(t, n):
+        raise ValueError(f"MMVQ of type {t} at {n} columns takes {'' if takes_residual(t, n) else 'no '}residual plane")
     served = ws[:1] if glu else ws                    # GLU: each output row dots a gate row and an up row
     launches = []
     for j, nj in column_groups(t, n):
-        fn, rows, groups_for, threads = _mmvq_kernel(t, nj, glu, sum(w.m for w in ws) * k, k)
-        xs = (qs[j:j + nj], ds[j:j + nj], [y[j:j + nj] for y in ys])
+        fn, rows, groups_for, threads = _mmvq_kernel(t, nj, glu, sum(w.m for w in ws) * k, k, exact)
+        xs = (qs[j:j + nj], ds[j:j + nj], rs[j:j + nj] if exact else None, [y[j:j + nj] for y in ys])
         if groups_for is None:                        # mmvq_tc_q4_K: row blocks x k ranges, partial sums, counters
             nt = mmvqt_ncols(nj)
             row_blocks = sum((w.m + rows - 1) // rows for w in served)
@@ -267,14 +286,15 @@ def mmvq_launches(ws: list[GPUWeight], qs, ds, n: int, ys: list, glu: int = 0) -
     return launches
 
 
-def mmvq_args(ws: list[GPUWeight], qs, ds, ys: list, groups: int, glu: bool = False) -> tuple:
+def mmvq_args(ws: list[GPUWeight], qs, ds, rs, ys: list, groups: int, glu: bool = False) -> tuple:
     """The arguments every MMVQ kernel takes (kernels/mmvq.cu MMVQ_PARAMS): up to 3 matrices of one type and k
-    multiplied by the q8_1 activations (qs, ds) into ys, absent ones as null pointers with 0 rows; with glu, the
-    gate and up matrices into one output (only the gate's rows given: m1 = 0)."""
+    multiplied by the q8_1 activations (qs, ds; rs their residual plane or None) into ys, absent ones as null pointers
+    with 0 rows; with glu, the gate and up matrices into one output (only the gate's rows given: m1 = 0)."""
     def padded(xs, fill):
         return list(xs) + [fill] * (3 - len(xs))
     ms = [ws[0].m] if glu else [w.m for w in ws]
-    return (*padded([w.data for w in ws], np.uint64(0)), qs, ds, *padded(ys, np.uint64(0)),
+    return (*padded([w.data for w in ws], np.uint64(0)), qs, ds, np.uint64(0) if rs is None else rs,
+            *padded(ys, np.uint64(0)),
             *padded([np.int32(m) for m in ms], np.int32(0)), np.int32(ws[0].k), np.int64(ws[0].row_bytes),
             np.int32(groups))
 
@@ -282,11 +302,11 @@ def mmvq_args(ws: list[GPUWeight], qs, ds, ys: list, groups: int, glu: bool = Fa
 GLU_ACTS = {"silu": 1, "gelu": 2}
 
 
-def mmvq_glu(gate: GPUWeight, up: GPUWeight, qs, ds, n: int, act: str, out=None):
+def mmvq_glu(gate: GPUWeight, up: GPUWeight, qs, ds, n: int, act: str, out=None, rs=None):
     """y [n, m] = act(x gate^T) * (x up^T) in one launch (gate and up of one type and shape)."""
     cp = launch._cp()
     assert (int(gate.type), gate.m, gate.k) == (int(up.type), up.m, up.k)
     y = out if out is not None else cp.empty((n, gate.m), cp.float32)
-    for fn, grid, block, args in mmvq_launches([gate, up], qs, ds, n, [y], GLU_ACTS[act]):
+    for fn, grid, block, args in mmvq_launches([gate, up], qs, ds, n, [y], GLU_ACTS[act], rs):
         fn(grid, block, args)
     return y

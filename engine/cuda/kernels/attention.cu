@@ -17,7 +17,8 @@
 // A block's 4 warps take every 4th key of its chunk and merge their softmax states through shared memory, then write
 // the chunk's state to part. The last block of the (token, head) to finish (a ticket from counters, which it resets
 // to 0 for the next launch) merges the chunks' states into out, and, when qs is not null, writes out's q8_1 blocks
-// (qs : [n, n_head * head_dim] int8, ds : [n, n_head * head_dim / 16] float2, as quantize_q8_1 writes them).
+// (qs : [n, n_head * head_dim] int8, ds : [n, n_head * head_dim / 16] float2, as quantize_q8_1 writes them), and
+// when rs is not null their residual plane (rs : as qs; common.cuh warp_store_q8_1).
 // When k_new, v_new ([n, n_kv, head_dim] f32) are given - a decode step, one token per sequence, so no block reads
 // another token's new key - the blocks of the last chunk store their token's k, v in the cache before reading it
 // (kv_store's work, one launch less; the blocks of a GQA group write the same values).
@@ -156,7 +157,7 @@ attention_split(const float* __restrict__ q, KV* cache_k, KV* cache_v,
                 int n_head, int n_kv, int head_dim, int n_ctx, float scale, int window, float softcap,
                 float* __restrict__ part,
                 int* __restrict__ counters, signed char* __restrict__ qs, float2* __restrict__ ds,
-                const float* __restrict__ k_new, const float* __restrict__ v_new) {
+                signed char* __restrict__ rs, const float* __restrict__ k_new, const float* __restrict__ v_new) {
     constexpr int WARPS = 4;
     __shared__ float s_m[WARPS], s_l[WARPS], s_acc[WARPS][MAXE * 32];
     const int tok = blockIdx.x, h = blockIdx.y, z = blockIdx.z, n_split = gridDim.z;
@@ -229,7 +230,7 @@ attention_split(const float* __restrict__ q, KV* cache_k, KV* cache_v,
         oh[e * 32 + lane] = v;
         if (qs != nullptr) {                            // q8_1 blocks of the output (the next mul_mat's input)
             const long long at = th * head_dim + e * 32;   // this block's first value in [n, n_head * head_dim]
-            warp_store_q8_1(v, lane, qs + at, ds + at / 16);
+            warp_store_q8_1(v, lane, qs + at, ds + at / 16, rs == nullptr ? nullptr : rs + at);
         }
     }
 }

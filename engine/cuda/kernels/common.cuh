@@ -110,7 +110,12 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // One q8_1 block written by a warp: lane i holds value i of 32 consecutive values; writes qs[0..31] and the halves'
 // (d, d * sum of the 16 quantized values) to ds[0], ds[1], with d = max|x| / 127 and q = round(x / d) (the format
 // quantize_q8_1 writes and MMVQ / MMQ read).
-__device__ __forceinline__ void warp_store_q8_1(float v, int lane, signed char* qs, float2* ds) {
+// With rs (not null) also the residual plane: rs[i] = round((x / d - q) * Q8_RESIDUAL), so that
+// x = d * (q + rs / Q8_RESIDUAL) to within d / (2 Q8_RESIDUAL), about max|x| / 64,500 (16-bit activations for the
+// MMVQ kernels that take it), and the sums are those of that value: d * (sum q + sum rs / Q8_RESIDUAL).
+#define Q8_RESIDUAL 254
+__device__ __forceinline__ void warp_store_q8_1(float v, int lane, signed char* qs, float2* ds,
+                                                signed char* rs = nullptr) {
     float amax = fabsf(v);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -120,7 +125,16 @@ __device__ __forceinline__ void warp_store_q8_1(float v, int lane, signed char* 
     int sum = q;
 #pragma unroll
     for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);   // sums within each half
-    if ((lane & 15) == 0) ds[lane >> 4] = make_float2(d, d * (float)sum);
+    if (rs == nullptr) {
+        if ((lane & 15) == 0) ds[lane >> 4] = make_float2(d, d * (float)sum);
+        return;
+    }
+    const int r = amax == 0.f ? 0 : (int)roundf((v / d - (float)q) * (float)Q8_RESIDUAL);
+    rs[lane] = (signed char)r;
+    int rsum = r;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) rsum += __shfl_xor_sync(0xffffffffu, rsum, o);
+    if ((lane & 15) == 0) ds[lane >> 4] = make_float2(d, d * ((float)sum + (float)rsum * (1.f / Q8_RESIDUAL)));
 }
 
 // Sum over the 32 lanes of a warp (butterfly: every lane gets the total).

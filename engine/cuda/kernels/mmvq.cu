@@ -3,6 +3,8 @@
 //   mmvq_q4_K_pairs / mmvq_pieces / mmvq_tc_q4_K: Q4_K's, below, each with its measured reason beside it.
 //   w  : [m, k] in T's blocks (row stride row_bytes)
 //   qs : [ncols, k] int8 and ds : [ncols, k/16] float2, from quantize_q8_1
+//   rs : [ncols, k] int8, the residual plane of qs (common.cuh warp_store_q8_1), read by the EXACT instances of mmvq
+//        and mmvq_q4_K_pairs (16-bit activations: the one-column decode step, mmvq.takes_residual); else null
 //   y  : [ncols, m] f32
 // Kernel choice: engine/cuda/mmvq.py (should_use_mmvq, mmvq_choice). Launch rule of mmvq (mmvq.mmvq_launches):
 // block of MMVQ_THREADS threads in groups of MMVQ_THREADS/groups threads (groups = 1, 2 or 4: mmvq._mmvq_groups,
@@ -34,7 +36,8 @@ __host__ __device__ constexpr int mmvq_rows(int ncols) { return ncols == 1 ? MMV
 
 // The parameters every MMVQ kernel takes (mmvq.mmvq_args builds them).
 #define MMVQ_PARAMS const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2, \
-    const signed char* __restrict__ qs, const float2* __restrict__ ds, float* __restrict__ y0, float* __restrict__ y1, \
+    const signed char* __restrict__ qs, const float2* __restrict__ ds, const signed char* __restrict__ rs, \
+    float* __restrict__ y0, float* __restrict__ y1, \
     float* __restrict__ y2, int m0, int m1, int m2, int k, long long row_bytes, int groups
 
 __device__ __forceinline__ float glu_act(int glu, float g) {
@@ -113,40 +116,60 @@ __device__ __forceinline__ void reduce_store(const float (&acc)[NR][NCOLS],
     }
 }
 
-// The q8_1 activations of chunk c for NCOLS columns: its 32 int8 values in a0, a1 and (d, d * sum of the first 16,
-// d, d * sum of the last 16) in sa.
-template <int NCOLS>
+// The q8_1 activations of chunk c for NCOLS columns: its 32 int8 values in a0, a1 (the values of the residual plane
+// rs in r0, r1 when EXACT) and (d, d * sum of the first 16, d, d * sum of the last 16) in sa.
+template <int NCOLS, int EXACT>
 __device__ __forceinline__ void load_chunk_activations(const signed char* __restrict__ qs, const float2* __restrict__ ds,
-                                                       int k, int c, int4 (&a0)[NCOLS], int4 (&a1)[NCOLS],
-                                                       float4 (&sa)[NCOLS]) {
+                                                       const signed char* __restrict__ rs, int k, int c,
+                                                       int4 (&a0)[NCOLS], int4 (&a1)[NCOLS], int4 (&r0)[NCOLS],
+                                                       int4 (&r1)[NCOLS], float4 (&sa)[NCOLS]) {
 #pragma unroll
     for (int j = 0; j < NCOLS; ++j) {
         const int4* a = (const int4*)(qs + (long long)j * k + c * 32);
         a0[j] = a[0];
         a1[j] = a[1];
+        if constexpr (EXACT) {
+            const int4* r = (const int4*)(rs + (long long)j * k + c * 32);
+            r0[j] = r[0];
+            r1[j] = r[1];
+        }
         sa[j] = *(const float4*)(ds + (long long)j * (k / 16) + c * 2);
     }
 }
 
-// acc[j] += (weight chunk v, s) . (activation chunk j) for each column j.
-template <int T, int NCOLS>
+// The dot product of four words of int8 weights with four of int8 activations (four per word), from c; of eight
+__device__ __forceinline__ int dp4a4(const int* v, const int4& a, int c = 0) {
+    c = dp4a(v[0], a.x, c); c = dp4a(v[1], a.y, c); c = dp4a(v[2], a.z, c); return dp4a(v[3], a.w, c);
+}
+__device__ __forceinline__ int dp4a8(const int* v, const int4& a0, const int4& a1) {
+    return dp4a4(v + 4, a1, dp4a4(v, a0));
+}
+
+// acc[j] += (weight chunk v, s) . (activation chunk j) for each column j (EXACT: activations q + r / Q8_RESIDUAL).
+template <int T, int NCOLS, int EXACT>
 __device__ __forceinline__ void dot_chunk(const int (&v)[8], const ChunkScale& s, const int4 (&a0)[NCOLS],
-                                          const int4 (&a1)[NCOLS], const float4 (&sa)[NCOLS], float (&acc)[NCOLS]) {
+                                          const int4 (&a1)[NCOLS], const int4 (&r0)[NCOLS], const int4 (&r1)[NCOLS],
+                                          const float4 (&sa)[NCOLS], float (&acc)[NCOLS]) {
 #pragma unroll
     for (int j = 0; j < NCOLS; ++j) {
-        int d0 = dp4a(v[0], a0[j].x, 0); d0 = dp4a(v[1], a0[j].y, d0);
-        d0 = dp4a(v[2], a0[j].z, d0); d0 = dp4a(v[3], a0[j].w, d0);
-        int d1 = dp4a(v[4], a1[j].x, 0); d1 = dp4a(v[5], a1[j].y, d1);
-        d1 = dp4a(v[6], a1[j].z, d1); d1 = dp4a(v[7], a1[j].w, d1);
-        if constexpr (TypeTraits<T>::per16)
+        const int d0 = dp4a4(v, a0[j]), d1 = dp4a4(v + 4, a1[j]);
+        if constexpr (EXACT) {
+            const float f0 = fmaf((float)dp4a4(v, r0[j]), 1.f / Q8_RESIDUAL, (float)d0);
+            const float f1 = fmaf((float)dp4a4(v + 4, r1[j]), 1.f / Q8_RESIDUAL, (float)d1);
+            if constexpr (TypeTraits<T>::per16)
+                acc[j] += sa[j].x * (s.d[0] * f0 + s.d[1] * f1);
+            else
+                acc[j] += sa[j].x * s.d[0] * (f0 + f1);
+        } else if constexpr (TypeTraits<T>::per16) {
             acc[j] += sa[j].x * (s.d[0] * (float)d0 + s.d[1] * (float)d1);
-        else
+        } else {
             acc[j] += sa[j].x * s.d[0] * (float)(d0 + d1);
+        }
         if constexpr (TypeTraits<T>::has_min) acc[j] += s.m[0] * sa[j].y + s.m[1] * sa[j].w;
     }
 }
 
-template <int T, int NCOLS, int GLU>
+template <int T, int NCOLS, int GLU, int EXACT>
 __global__ void __launch_bounds__(MMVQ_THREADS, MMVQ_MIN_BLOCKS)
 mmvq(MMVQ_PARAMS) {
     constexpr int MMVQ_ROWS = GLU ? 2 : mmvq_rows(NCOLS);        // rows dotted per group (GLU: gate and up row)
@@ -170,9 +193,9 @@ mmvq(MMVQ_PARAMS) {
                     prefetch_l1((GLU ? (r == 0 ? w0 : w1) + (long long)row0 * row_bytes
                                      : w + (long long)min(row0 + r, m - 1) * row_bytes) + off);
             }
-            int4 a0[NCOLS], a1[NCOLS];
+            int4 a0[NCOLS], a1[NCOLS], r0[NCOLS], r1[NCOLS];
             float4 sa[NCOLS];
-            load_chunk_activations<NCOLS>(qs, ds, k, c, a0, a1, sa);
+            load_chunk_activations<NCOLS, EXACT>(qs, ds, rs, k, c, a0, a1, r0, r1, sa);
 #pragma unroll
             for (int r = 0; r < MMVQ_ROWS; ++r) {
                 if (!GLU && row0 + r >= m) break;
@@ -181,7 +204,7 @@ mmvq(MMVQ_PARAMS) {
                 const u8* wr = GLU ? (r == 0 ? w0 : w1) + (long long)row0 * row_bytes
                                    : w + (long long)(row0 + r) * row_bytes;
                 unpack<T>(wr, c, v, s);
-                dot_chunk<T, NCOLS>(v, s, a0, a1, sa, acc[r]);
+                dot_chunk<T, NCOLS, EXACT>(v, s, a0, a1, r0, r1, sa, acc[r]);
             }
         }
     }
@@ -290,10 +313,16 @@ mmvq_pieces(MMVQ_PARAMS) {
 // Launch rule (mmvq.mmvq_launches, Q4_K at <= mmvq.PAIRS_MAX_COLS columns): as
 // mmvq's (block 128 threads in groups of 128/groups threads, groups = 4; each group mmvq2_rows(NCOLS) rows; grid
 // ceil(m / (groups * rows)) summed over the matrices; GLU: one output row per group, its gate and up rows).
+// The EXACT instances (16-bit activations: twice the activation bytes) share them among 4 rows, registers for 4
+// blocks per SM: 4096 x 14336 12.0 us against 15.4 with 2 rows and 8 blocks (q8_1 alone: 10.8; BENCHMARKS.md).
 #define MMVQ2_ROWS_1 2
 #define MMVQ2_ROWS_N 2
+#define MMVQ2_ROWS_EXACT 4
 #define MMVQ2_MIN_BLOCKS_1 8
-__host__ __device__ constexpr int mmvq2_rows(int ncols) { return ncols == 1 ? MMVQ2_ROWS_1 : MMVQ2_ROWS_N; }
+#define MMVQ2_MIN_BLOCKS_EXACT 4
+__host__ __device__ constexpr int mmvq2_rows(int ncols, int exact) {
+    return exact ? MMVQ2_ROWS_EXACT : ncols == 1 ? MMVQ2_ROWS_1 : MMVQ2_ROWS_N;
+}
 
 // Chunks 2i and 2i + 1's (d * sc, dmin * m) from a Q4_K header hd (d|dmin, 12 scale bytes) for pair i = 0..3 of the
 // block: both chunks' 6-bit scales and mins taken as two bytes at once.
@@ -314,10 +343,11 @@ __device__ __forceinline__ Q4KPair q4k_pair_load(const u8* row, int p) {
     return {*(const uint4*)b, q[0], q[1]};
 }
 
-template <int NCOLS, int GLU>
-__global__ void __launch_bounds__(MMVQ_THREADS, NCOLS == 1 ? MMVQ2_MIN_BLOCKS_1 : MMVQ_MIN_BLOCKS)
+template <int NCOLS, int GLU, int EXACT>
+__global__ void __launch_bounds__(MMVQ_THREADS, EXACT ? MMVQ2_MIN_BLOCKS_EXACT
+                                                      : NCOLS == 1 ? MMVQ2_MIN_BLOCKS_1 : MMVQ_MIN_BLOCKS)
 mmvq_q4_K_pairs(MMVQ_PARAMS) {
-    constexpr int NR = GLU ? 2 : mmvq2_rows(NCOLS);              // rows dotted per group (GLU: gate and up row)
+    constexpr int NR = GLU ? 2 : mmvq2_rows(NCOLS, EXACT);       // rows dotted per group (GLU: gate and up row)
     constexpr int OUT_ROWS = GLU ? 1 : NR;
     __shared__ float partial[NR][NCOLS][MMVQ_THREADS / 32];
     const int tpg = MMVQ_THREADS / groups;
@@ -337,7 +367,7 @@ mmvq_q4_K_pairs(MMVQ_PARAMS) {
             for (int r = 0; r < NR; ++r) {
                 cur[r] = q4k_pair_load(wr[r], p);
             }
-            int4 a[NCOLS][4];                                      // the pair's 64 activations of each column
+            int4 a[NCOLS][4], ra[NCOLS][4];                        // the pair's 64 activations of each column
             float4 sa[NCOLS][2];                                   // per chunk (d, d * sum16, d, d * sum16)
 #pragma unroll
             for (int j = 0; j < NCOLS; ++j) {
@@ -345,6 +375,11 @@ mmvq_q4_K_pairs(MMVQ_PARAMS) {
                 const float4* sp = (const float4*)(ds + (long long)j * (k >> 4) + 4 * p);
 #pragma unroll
                 for (int e = 0; e < 4; ++e) a[j][e] = ap[e];
+                if constexpr (EXACT) {                             // and their residual plane
+                    const int4* rp = (const int4*)(rs + (long long)j * k + 64 * p);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) ra[j][e] = rp[e];
+                }
                 sa[j][0] = sp[0];
                 sa[j][1] = sp[1];
             }
@@ -362,18 +397,16 @@ mmvq_q4_K_pairs(MMVQ_PARAMS) {
                 }
 #pragma unroll
                 for (int j = 0; j < NCOLS; ++j) {
-                    int s0 = dp4a(lo[0], a[j][0].x, 0); s0 = dp4a(lo[1], a[j][0].y, s0);
-                    s0 = dp4a(lo[2], a[j][0].z, s0); s0 = dp4a(lo[3], a[j][0].w, s0);
-                    s0 = dp4a(lo[4], a[j][1].x, s0); s0 = dp4a(lo[5], a[j][1].y, s0);
-                    s0 = dp4a(lo[6], a[j][1].z, s0); s0 = dp4a(lo[7], a[j][1].w, s0);
-                    int s1 = dp4a(hi[0], a[j][2].x, 0); s1 = dp4a(hi[1], a[j][2].y, s1);
-                    s1 = dp4a(hi[2], a[j][2].z, s1); s1 = dp4a(hi[3], a[j][2].w, s1);
-                    s1 = dp4a(hi[4], a[j][3].x, s1); s1 = dp4a(hi[5], a[j][3].y, s1);
-                    s1 = dp4a(hi[6], a[j][3].z, s1); s1 = dp4a(hi[7], a[j][3].w, s1);
+                    const int s0 = dp4a8(lo, a[j][0], a[j][1]), s1 = dp4a8(hi, a[j][2], a[j][3]);
+                    float f0 = (float)s0, f1 = (float)s1;
+                    if constexpr (EXACT) {
+                        f0 = fmaf((float)dp4a8(lo, ra[j][0], ra[j][1]), 1.f / Q8_RESIDUAL, f0);
+                        f1 = fmaf((float)dp4a8(hi, ra[j][2], ra[j][3]), 1.f / Q8_RESIDUAL, f1);
+                    }
                     float t = acc[r][j];
-                    t = fmaf(d[0] * sa[j][0].x, (float)s0, t);
+                    t = fmaf(d[0] * sa[j][0].x, f0, t);
                     t = fmaf(-mn[0], sa[j][0].y + sa[j][0].w, t);
-                    t = fmaf(d[1] * sa[j][1].x, (float)s1, t);
+                    t = fmaf(d[1] * sa[j][1].x, f1, t);
                     t = fmaf(-mn[1], sa[j][1].y + sa[j][1].w, t);
                     acc[r][j] = t;
                 }

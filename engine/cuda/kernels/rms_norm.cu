@@ -4,7 +4,8 @@
 //   s = x + r, or x + rms_norm(r) * wr when wr is given (Gemma 3's post-norms); y = rms_norm(s) * w
 //   x, r, s, y : [rows, d] f32; w, wr : [d] f32 (wr may be null)
 //   When qs is not null, y is also written as q8_1 blocks for MMVQ (exactly as quantize_q8_1 writes them, d a
-//   multiple of 32): qs : [rows, d] int8, ds : [rows, d/16] float2.
+//   multiple of 32): qs : [rows, d] int8, ds : [rows, d/16] float2; and when rs is not null its residual plane
+//   rs : [rows, d] int8 (common.cuh warp_store_q8_1).
 // Launch rule (both): one block per row, a multiple of 32 threads up to 1024 (norm_threads in backends/cuda.py: about
 // two values per thread, so one short row still spreads over many warps); fp32 reduction through shared memory (block_sum).
 #include "common.cuh"
@@ -22,7 +23,8 @@ rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __rest
 extern "C" __global__ void __launch_bounds__(1024)
 add_rms_norm(const float* __restrict__ x, const float* __restrict__ r, const float* __restrict__ wr,
              const float* __restrict__ w, float* __restrict__ s_out, float* __restrict__ y,
-             signed char* __restrict__ qs, float2* __restrict__ ds, int d, float eps) {
+             signed char* __restrict__ qs, float2* __restrict__ ds, signed char* __restrict__ rs, int d,
+             float eps) {
     const long long row = (long long)blockIdx.x * d;
     float r_inv = 1.f;
     if (wr != nullptr) {
@@ -42,6 +44,7 @@ add_rms_norm(const float* __restrict__ x, const float* __restrict__ r, const flo
         const float v = s_out[row + i] * inv * w[i];
         y[row + i] = v;
         if (qs == nullptr) continue;
-        warp_store_q8_1(v, lane, qs + row + i - lane, ds + (row + i - lane) / 16);   // lanes: 32 consecutive values
+        warp_store_q8_1(v, lane, qs + row + i - lane, ds + (row + i - lane) / 16,       // lanes: 32 consecutive values
+                        rs == nullptr ? nullptr : rs + row + i - lane);
     }
 }
