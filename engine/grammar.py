@@ -77,6 +77,9 @@ def _one_line(e) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
+ENCODE_CACHE_SIZE = 1 << 16     # texts whose token ids _Encoder keeps
+
+
 class _Encoder:
     """What llguidance's TokenizerWrapper reads: token bytes, special ids, EOS / BOS, and text -> ids."""
 
@@ -92,11 +95,18 @@ class _Encoder:
         self.eos_token_id = sorted(tok.eog_ids)[0] if tok.eog_ids else tok.eos_id
         self.bos_token_id = tok.bos_id
         self._tok = tok
+        self._seen: dict[str, list[int]] = {}      # text -> ids: llguidance asks for the same few strings again and
+                                                   # again while it computes masks (a JSON schema's keys and quotes)
 
     def __call__(self, text):
         if not isinstance(text, str):
             raise TypeError("text, not bytes")
-        return self._tok.encode(text, add_special=False, parse_special=False)
+        ids = self._seen.get(text)
+        if ids is None:
+            if len(self._seen) >= ENCODE_CACHE_SIZE:
+                self._seen.clear()
+            ids = self._seen[text] = self._tok.encode(text, add_special=False, parse_special=False)
+        return list(ids)
 
 
 _cache: dict[tuple[int, int], tuple[Tokenizer, object]] = {}
@@ -117,6 +127,38 @@ def grammar_tokenizer(tok: Tokenizer, n_vocab: int | None = None):
         return hit[1]
 
 
+_executor = None
+
+
+def batch_masks(constraints: list) -> np.ndarray:
+    """The next-token masks of several Constraints of one vocabulary, computed in parallel by llguidance's thread
+    pool -> int32 [len(constraints), words]: bit i % 32 of word i // 32 set where token i is allowed."""
+    global _executor
+    words = constraints[0]._words
+    if any(c._words != words for c in constraints):
+        raise ValueError("batch_masks: constraints of different vocabularies")
+    if _executor is None:
+        _executor = _llguidance().LLExecutor()
+    out = np.full((len(constraints), words), -1, np.int32)
+    _executor.unsafe_compute_mask_ptr([(c.matcher, j) for j, c in enumerate(constraints)], out.ctypes.data,
+                                      words * 4, len(constraints))
+    return out
+
+
+def any_allowed(masks: np.ndarray, n_vocab: int) -> np.ndarray:
+    """bool [R]: whether int32 masks [R, words] allow any of the first n_vocab tokens."""
+    full, rest = divmod(n_vocab, 32)
+    some = masks[:, :full].any(axis=1)
+    if rest:
+        some |= (masks[:, full].view(np.uint32) & np.uint32((1 << rest) - 1)) != 0
+    return some
+
+
+def mask_flags(masks: np.ndarray, n_vocab: int) -> np.ndarray:
+    """int32 masks [R, words] -> bool [R, n_vocab], one flag per token."""
+    return np.unpackbits(masks.view(np.uint8), axis=1, bitorder="little")[:, :n_vocab].astype(bool)
+
+
 class Constraint:
     """One sequence's grammar state: the tokens allowed next, advanced by each sampled token."""
 
@@ -132,8 +174,7 @@ class Constraint:
     def allowed(self) -> np.ndarray:
         """bool [n_vocab]: the tokens that keep the output inside the grammar (end-of-generation once complete)."""
         self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")
-        return bits[:self.n_vocab].astype(bool)
+        return mask_flags(self._bits[None], self.n_vocab)[0]
 
     def consume(self, token: int) -> None:
         """Advance past a sampled token; GrammarError if the grammar did not allow it."""

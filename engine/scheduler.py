@@ -88,16 +88,13 @@ class _Seq:
     queued: float = 0.0                # seconds from submit() until admitted
     sampler: Sampler | None = None
     constraint: object = None          # engine.grammar.Constraint when the request has a grammar
+    constraint_made: object = None     # the Future making it, started at submit (off the step loop)
     history: list[int] = field(default_factory=list)   # prompt + generated tokens (the penalties' window)
     generated: int = 0
     last: int = -1                     # the token the next decode step feeds
     prompt_logits: object = None       # [1, n_vocab] backend logits after the prompt, kept for a sharing follower
     done: bool = False
 
-    @property
-    def on_host(self) -> bool:
-        """Sampled on the host (a grammar's mask or a logit bias), not by the backend's batched sampler."""
-        return self.constraint is not None or bool(self.req.logit_bias)
 
 
 @dataclass
@@ -116,6 +113,18 @@ class Stats:
     decode_step_seconds: float = 0.0   # wall time of those steps (forward, sampling, events)
     prefill_step_seconds: float = 0.0
     tokens_per_second: float = 0.0     # generated tokens per second over the last steps
+
+
+_pool = None
+
+
+def _constraint_pool():
+    """The threads that make requests' grammar matchers while the step loop runs."""
+    global _pool
+    if _pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+        _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar")
+    return _pool
 
 
 class Scheduler:
@@ -148,6 +157,8 @@ class Scheduler:
         if req.logit_bias and any(not 0 <= t < n_vocab for t in req.logit_bias):
             raise ValueError(f"a logit_bias token id is outside the vocabulary (0..{n_vocab - 1})")
         seq = _Seq(next(self._ids), req, on_event, submitted=time.perf_counter())
+        if req.grammar is not None:                 # its matcher (1-2 ms) is made in a thread meanwhile
+            seq.constraint_made = _constraint_pool().submit(self._constraint, req.grammar)
         self.waiting.append(seq)
         self.stats.requests_total += 1
         return seq.id
@@ -203,8 +214,8 @@ class Scheduler:
             donor = next((s for s in self.running if s.prompt_logits is not None and s.req.prompt == prompt), None)
             try:
                 seq.sampler = Sampler(seq.req.params)
-                if seq.req.grammar is not None:
-                    seq.constraint = self._constraint(seq.req.grammar)
+                if seq.constraint_made is not None:
+                    seq.constraint = seq.constraint_made.result()
                 if donor is not None:
                     seq.slot = self._take_slot(self.free_slots[0])
                     self._share(seq, donor)
@@ -340,37 +351,22 @@ class Scheduler:
             st.tokens_per_second = rate if st.steps == 1 else 0.9 * st.tokens_per_second + 0.1 * rate
 
     def _sample_and_emit(self, seqs: list[_Seq], logits) -> None:
-        """Sample one token for each sequence from its row of logits [len(seqs), n_vocab], report them. Rows of
-        sequences with a grammar or a logit bias are sampled on the host: the bias added, then only the tokens the
-        grammar allows."""
+        """Sample one token for each sequence from its row of logits [len(seqs), n_vocab], report them. A logit bias
+        and a grammar's mask (computed for all such rows at once, in llguidance's threads) are applied to the rows
+        where the logits are (Backend.constrain), then every row is sampled in one batch."""
         if not seqs:
             return
         B = self.rt.backend
-        # the host copies of the rows wanting log-probs or host sampling, in one copy before the penalties change them
-        need = [i for i, s in enumerate(seqs) if s.req.top_logprobs is not None or s.on_host]
+        # the host copies of the rows wanting log-probs, in one copy before the bias, masks and penalties change them
+        need = [i for i, s in enumerate(seqs) if s.req.top_logprobs is not None]
         host = B.to_numpy(B.rows(logits, np.array(need, np.int32))) if need else None
         at = {i: j for j, i in enumerate(need)}                          # sequence index -> its row of host
-        bound = [i for i, s in enumerate(seqs) if s.on_host]
-        free = [i for i in range(len(seqs)) if not seqs[i].on_host]
+        logits = self._constrain(seqs, logits)
+        live = [i for i, s in enumerate(seqs) if not s.done]
         tokens = np.full(len(seqs), -1, np.int64)
-        if free:
-            rows = logits if len(free) == len(seqs) else B.rows(logits, np.array(free, np.int32))
-            tokens[free] = self._sample_rows(rows, [seqs[i] for i in free])
-        for i in bound:
-            s = seqs[i]
-            try:
-                row = host[at[i]].astype(np.float32, copy=True)
-                if s.req.logit_bias:
-                    ids = np.fromiter(s.req.logit_bias, np.int64)
-                    row[ids] += np.fromiter(s.req.logit_bias.values(), np.float32)
-                if s.constraint is not None:
-                    allowed = s.constraint.allowed()
-                    if not allowed.any():
-                        raise ValueError("the grammar allows no token")
-                    row[~allowed] = -np.inf
-                tokens[i] = s.sampler(row, s.history)
-            except Exception as e:
-                self._finish(s, "error", f"sampling failed: {type(e).__name__}: {e}")
+        if live:
+            rows = logits if len(live) == len(seqs) else B.rows(logits, np.array(live, np.int32))
+            tokens[live] = self._sample_rows(rows, [seqs[i] for i in live])
         for i, (s, tid) in enumerate(zip(seqs, tokens)):
             if s.done:
                 continue
@@ -379,6 +375,38 @@ class Scheduler:
                 self._emit(s, int(tid), lp)
             except Exception as e:
                 self._finish(s, "error", f"{type(e).__name__}: {e}")
+
+    def _constrain(self, seqs: list[_Seq], logits):
+        """logits with each sequence's logit bias added and its grammar's mask applied (Backend.constrain); a
+        sequence whose grammar allows no token, or whose matcher fails, ends with an error."""
+        from .grammar import any_allowed, batch_masks
+        ruled = [i for i, s in enumerate(seqs) if s.constraint is not None]
+        biased = [i for i, s in enumerate(seqs) if s.req.logit_bias]
+        if not ruled and not biased:
+            return logits
+        masks = None
+        if ruled:
+            try:
+                masks = batch_masks([seqs[i].constraint for i in ruled])
+            except Exception as e:
+                for i in ruled:
+                    self._finish(seqs[i], "error", f"sampling failed: {type(e).__name__}: {e}")
+                ruled, masks = [], None
+            else:
+                some = any_allowed(masks, logits.shape[1])
+                for i in np.asarray(ruled)[~some]:
+                    self._finish(seqs[i], "error", "sampling failed: ValueError: the grammar allows no token")
+        bias = None
+        if biased:
+            bias = (np.concatenate([np.full(len(seqs[i].req.logit_bias), i, np.int32) for i in biased]),
+                    np.concatenate([np.fromiter(seqs[i].req.logit_bias, np.int32) for i in biased]),
+                    np.concatenate([np.fromiter(seqs[i].req.logit_bias.values(), np.float32) for i in biased]))
+        try:
+            return self.rt.backend.constrain(logits, np.asarray(ruled, np.int32), masks, bias)
+        except Exception as e:
+            for i in set(ruled) | set(biased):
+                self._finish(seqs[i], "error", f"sampling failed: {type(e).__name__}: {e}")
+            return logits
 
     def _sample_rows(self, logits, seqs: list[_Seq]) -> list[int]:
         """The backend's batched sampling of logits [len(seqs), n_vocab]; if it fails, each row alone, so that a

@@ -22,6 +22,8 @@
 #   bash scripts/device.sh churn [B,..]   synthetic 8B: the engine core under a server's load, no HTTP
 #                                         (bench.py decode --churn), graphs on, then off
 #   bash scripts/device.sh http           the HTTP front end before a stand-in core (bench.py http)
+#   bash scripts/device.sh structured smol|synth [SECS]  the load test at 8 and 32 clients, plain and with
+#                                         structured output (load_test.py --json-schema): the grammar masks' cost
 #   bash scripts/device.sh serve synth|smol [SECS]  serve_compare.sh on one model (1, 8, 32, 64 clients)
 #   bash scripts/device.sh bench [SECS]   synthetic 8B: engine core batched decode (raw and --scheduler) beside
 #                                         llama-batched-bench; then serve_compare.sh on the 8B and SmolLM2
@@ -45,6 +47,16 @@ join_if_complete() {   # name, expected chunk count, sha256, target
   local n; n=$(ls /tmp/stage/"$1".* 2>/dev/null | wc -l)
   [ "$n" -eq "$2" ] || { echo "$1: $n of $2 chunks"; return; }
   cat /tmp/stage/"$1".* > "$4" && rm /tmp/stage/"$1".* && echo "$3  $4" | sha256sum -c
+}
+
+start_engine() {   # MODEL [engine serve flags]: engine serve on port 8090 in the background (its pid in $ep), ready
+  python3 -m engine.cli serve "$1" --port 8090 --device cuda --parallel 64 --ctx 512 "${@:2}" > /tmp/serve-engine.log 2>&1 &
+  ep=$!
+  for i in $(seq 1 240); do
+    kill -0 $ep 2>/dev/null || { tail -5 /tmp/serve-engine.log; exit 1; }
+    curl -sf http://127.0.0.1:8090/health > /dev/null && break; sleep 1
+  done
+  python3 scripts/load_test.py --url http://127.0.0.1:8090 --clients 1 --seconds 3 --max-tokens 64 > /dev/null 2>&1
 }
 
 case "${1:-}" in
@@ -153,19 +165,26 @@ serve)          # synth|smol|MODEL [SECS]: serve_compare.sh on one model at 1, 8
   tail -c 200000 /tmp/serve-engine.log > "$OUT/serve-engine-$(basename $m .gguf).log" ;;
 serve-engine)   # MODEL CLIENTS SECS [extra engine serve flags]: the load test against engine serve alone
   m=$2; clients=$3; secs=$4; shift 4
-  python3 -m engine.cli serve "$m" --port 8090 --device cuda --parallel 64 --ctx 512 "$@" > /tmp/serve-engine.log 2>&1 &
-  ep=$!
-  for i in $(seq 1 240); do
-    kill -0 $ep 2>/dev/null || { tail -5 /tmp/serve-engine.log; exit 1; }
-    curl -sf http://127.0.0.1:8090/health > /dev/null && break; sleep 1
-  done
-  python3 scripts/load_test.py --url http://127.0.0.1:8090 --clients 1 --seconds 3 --max-tokens 64 > /dev/null 2>&1
+  start_engine "$m" "$@"
   for c in $clients; do
     echo "engine    $(basename $m) c=$c $(python3 scripts/load_test.py --url http://127.0.0.1:8090 --clients $c \
       --seconds $secs --max-tokens 64 2>&1 | tail -1)"
   done
   kill $ep; wait $ep 2>/dev/null
   grep -v " 200 prompt=" /tmp/serve-engine.log | tail -5 ;;
+structured)     # smol|synth|MODEL [SECS]: the load test at 8 and 32 clients, plain and --json-schema, alternated
+  m=${2:-smol}; secs=${3:-8}
+  [ "$m" = smol ] && m=$SMOL; [ "$m" = synth ] && { synth 8b; m=$SYNTH; }
+  start_engine "$m"
+  python3 scripts/load_test.py --url http://127.0.0.1:8090 --clients 8 --seconds 3 --max-tokens 64 --json-schema \
+    > /dev/null 2>&1
+  for c in 8 32; do
+    for j in plain --json-schema plain --json-schema; do
+      echo "$(basename $m) $j $(python3 scripts/load_test.py --url http://127.0.0.1:8090 --clients $c --seconds $secs \
+        --max-tokens 64 $([ $j = plain ] || echo $j) 2>&1 | tail -1)" | tee -a "$OUT/structured.log"
+    done
+  done
+  kill $ep; wait $ep 2>/dev/null ;;
 tp)
   n=${2:-2}; synth 8b; synth 70b
   for m in $SYNTH /tmp/models/synth-70b.gguf; do
@@ -193,7 +212,7 @@ tp-serve)
   done ;;
 *)
   echo "usage: $0 wheels | setup | stage CHUNK... | first-token | gpu-tests | models [TREE] | kernels [ARGS] | decode |"
-  echo "       churn [B,..] |"
+  echo "       churn [B,..] | structured smol|synth [SECS] |"
   echo "       http | serve MODEL [SECS] | bench [SECS] | serve-engine MODEL CLIENTS SECS | tp [N] | tp-serve [MODEL] [SECS] [N]"
   exit 2 ;;
 esac

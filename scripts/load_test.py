@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Load test: N concurrent streaming clients for T seconds against a running `engine serve` (or llama-server).
 
-    python scripts/load_test.py --url http://127.0.0.1:8080 --clients 8 --seconds 30 --max-tokens 64 [--procs 4]
+    python scripts/load_test.py --url http://127.0.0.1:8080 --clients 8 --seconds 30 --max-tokens 64 [--procs 4] \
+        [--json-schema]
+
+--json-schema asks every request for structured output (response_format json_schema, RECORD_SCHEMA below; EOS is
+then honoured, so requests end where the JSON does): the serving cost of the grammar masks.
 
 Prints requests/s, generated tokens/s (from the moment every client process is up to the end of the last request), p50/p99 time to first token and per-token latency, and the error count.
 The clients are spread over --procs processes (default: one per 16 clients) so that parsing the streams of many
@@ -17,6 +21,20 @@ import httpx
 import numpy as np
 
 SPAWN_S = 2.0     # time given to the client processes to start before the clock starts
+RECORD_SCHEMA = {   # --json-schema: nested objects, an array of enums, bounded numbers, required fields
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "score": {"type": "number", "minimum": 0, "maximum": 1},
+        "tags": {"type": "array", "items": {"enum": ["red", "green", "blue", "story", "poem"]}, "maxItems": 4},
+        "address": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                                                     "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+                    "required": ["city", "zip"]},
+        "summary": {"type": "string"},
+    },
+    "required": ["name", "age", "score", "tags", "address", "summary"],
+}
 
 
 async def client_loop(url, deadline, args, stats, cid):
@@ -25,11 +43,14 @@ async def client_loop(url, deadline, args, stats, cid):
         while time.time() < deadline:
             prompt = [5 + (cid * 7 + i + j) % 50 for j in range(8)] if args.token_prompts else \
                 f"Client {cid} request {i}: write a story about"
-            body = {"prompt": prompt, "max_tokens": args.max_tokens,
-                    "temperature": 0.8, "seed": cid * 1000 + i, "stream": True, "ignore_eos": True}
+            body = {"prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0.8, "seed": cid * 1000 + i,
+                    "stream": True, "ignore_eos": not args.json_schema, "stream_options": {"include_usage": True}}
+            if args.json_schema:
+                body["response_format"] = {"type": "json_schema",
+                                           "json_schema": {"name": "record", "schema": RECORD_SCHEMA}}
             headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
             t0 = time.perf_counter()
-            times = []
+            times, used = [], None
             try:
                 async with http.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:
                     if r.status_code != 200:
@@ -42,13 +63,15 @@ async def client_loop(url, deadline, args, stats, cid):
                         obj = json.loads(line[6:])
                         if obj.get("choices") and obj["choices"][0].get("text"):
                             times.append(time.perf_counter())
+                        if obj.get("usage"):
+                            used = obj["usage"].get("completion_tokens")
             except httpx.HTTPError:
                 stats["errors"] += 1
                 continue
             if times:
                 stats["ttft"].append(times[0] - t0)
                 stats["itl"].extend(np.diff(times).tolist())
-                stats["tokens"] += len(times)
+                stats["tokens"] += used if used is not None else len(times)
             stats["requests"] += 1
             i += 1
 
@@ -75,6 +98,7 @@ def main():
     ap.add_argument("--procs", type=int, default=None, help="client processes (default: ceil(clients / 16))")
     ap.add_argument("--token-prompts", action="store_true",
                     help="send prompts as token ids (models whose tokenizer has no words, e.g. the tests' tiny models)")
+    ap.add_argument("--json-schema", action="store_true", help="structured output (RECORD_SCHEMA) on every request")
     args = ap.parse_args()
     procs = max(1, min(args.clients, args.procs or -(-args.clients // 16)))
     start = time.time() + SPAWN_S                      # every process starts its clients then

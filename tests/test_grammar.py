@@ -140,3 +140,39 @@ def test_constrained_and_free_rows_in_one_step(model_path):
     assert text_of(tok, both[1]) == text_of(tok, alone)
     assert both[0][-1].reason == "stop"
     jsonschema.validate(json.loads(text_of(tok, both[0])), SCHEMAS[0])
+
+
+@pytest.mark.slow
+def test_batch_masks_equal_each_constraint(model_path):
+    """batch_masks (llguidance's threads, every row at once) gives each Constraint's own mask, at different states
+    of different grammars."""
+    from engine.grammar import batch_masks, mask_flags
+    rt = Runtime.load(model_path("smol"), device="cpu", n_ctx=64)
+    tok, n_vocab = rt.tokenizer, rt.config.n_vocab
+    ll_tok = grammar_tokenizer(tok, n_vocab)
+    cs = [Constraint(ll_tok, compile_grammar(json_schema=s), n_vocab) for s in SCHEMAS[:3]]
+    cs.append(Constraint(ll_tok, compile_grammar(gbnf='root ::= ("Paris" | "London") "."'), n_vocab))
+    for t in tok.encode('{"', add_special=False):
+        cs[1].consume(t)
+    cs[3].consume(tok.encode("London", add_special=False)[0])
+    got = mask_flags(batch_masks(cs), n_vocab)
+    for j, c in enumerate(cs):
+        assert np.array_equal(got[j], c.allowed()), j
+    assert not np.array_equal(got[0], got[1])
+
+
+def test_any_allowed_reads_only_the_vocabulary():
+    """any_allowed: a row allows some token among the first n_vocab (bits past it, in the last word or whole words
+    beyond, do not count), as mask_flags says."""
+    from engine.grammar import any_allowed, mask_flags
+    rng = np.random.default_rng()
+    n_vocab = 100                                   # 3 full words and 4 bits of the fourth; 5 words in the masks
+    masks = np.zeros((6, 5), np.int32)
+    masks[1, 0] = 1 << 5
+    masks[2, 3] = 1 << 3                            # token 99: the last one
+    masks[3, 3] = 1 << 4                            # token 100: past the vocabulary
+    masks[4, 4] = -1
+    masks[5] = rng.integers(-2 ** 31, 2 ** 31, 5, dtype=np.int64).astype(np.int32)
+    masks[5, 0] |= 1
+    assert any_allowed(masks, n_vocab).tolist() == [False, True, True, False, False, True]
+    assert np.array_equal(any_allowed(masks, n_vocab), mask_flags(masks, n_vocab).any(axis=1))

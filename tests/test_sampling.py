@@ -69,3 +69,30 @@ def test_subnormal_temperature_is_greedy_and_any_seed_works():
     for bad in (float("nan"), float("inf"), 1e9):
         with pytest.raises(ValueError):
             Sampler(SamplingParams(temperature=bad))
+
+
+def constrain_case(rng, n=5, m=1000):
+    """Random logits [n, m], masks for rows 1 and 3 (int32 [2, words], words past m included), and bias entries."""
+    logits = rng.standard_normal((n, m)).astype(np.float32)
+    rows = np.array([1, 3], np.int32)
+    masks = rng.integers(-2 ** 31, 2 ** 31, (2, (m + 31) // 32 + 1), dtype=np.int64).astype(np.int32)
+    bias = (np.array([0, 0, 3, 4], np.int32), np.array([7, 999, 7, 0], np.int32),
+            np.array([-100.0, 5.5, 2.0, -1.0], np.float32))
+    return logits, rows, masks, bias
+
+
+def test_constrain_bias_then_masks():
+    """Backend.constrain: the bias entries added, then each masked row -inf where its bit is clear; other rows and
+    allowed tokens untouched."""
+    from engine.backends.cpu import CPUBackend
+    rng = np.random.default_rng()
+    logits, rows, masks, bias = constrain_case(rng)
+    want = logits.copy()
+    for r, t, v in zip(*bias):
+        want[r, t] += v
+    for j, r in enumerate(rows):
+        bits = (masks[j].view(np.uint32)[np.arange(1000) // 32] >> (np.arange(1000) % 32)) & 1
+        want[r, bits == 0] = -np.inf
+    got = CPUBackend().constrain(logits.copy(), rows, masks, bias)
+    np.testing.assert_array_equal(got, want)
+    assert np.isinf(got[rows]).any() and np.isfinite(got[[0, 2, 4]]).all()

@@ -80,3 +80,16 @@ def test_greedy_and_seeds():
     a = [int(sample(cp.asarray(x[3:4]), [s], [[]])[0]) for _ in range(20)]
     s = Sampler(p)
     assert a == [int(sample(cp.asarray(x[3:4]), [s], [[]])[0]) for _ in range(20)] and len(set(a)) > 1
+
+
+def test_constrain_on_the_device_equals_the_cpu():
+    """CUDABackend.constrain (kernels add_bias, constrain_rows) gives the CPU backend's logits, bit for bit."""
+    import cupy as cp
+    from engine.backends.cpu import CPUBackend
+    from engine.backends.cuda import CUDABackend
+    from test_sampling import constrain_case
+    rng = np.random.default_rng()
+    logits, rows, masks, bias = constrain_case(rng, n=6, m=4099)
+    want = CPUBackend().constrain(logits.copy(), rows, masks, bias)
+    got = CUDABackend().constrain(cp.asarray(logits), rows, masks, bias).get()
+    np.testing.assert_array_equal(got, want)

@@ -201,6 +201,21 @@ class Backend:
         """Row-wise argmax of backend logits [n, n_vocab] -> int64 [n] (the first maximum, as numpy)."""
         return np.argmax(self.to_numpy(logits), axis=-1)
 
+    def constrain(self, logits, rows: np.ndarray, masks: np.ndarray | None, bias: tuple | None):
+        """logits [n, n_vocab] with the bias entries (bias_rows, ids, values: logits[r, id] += value) added, then
+        row rows[j] keeping only the tokens whose bit is set in masks[j] (int32 [len(rows), words], bit i % 32 of
+        word i // 32; the others -inf) -> those logits (changed in place where the backend can). masks / bias may be
+        None."""
+        from ..grammar import mask_flags
+        x = logits
+        if bias is not None:
+            np.add.at(x, (bias[0], bias[1]), bias[2])
+        if masks is not None:
+            flags = mask_flags(masks, x.shape[1])
+            for j, r in enumerate(rows):
+                x[r, ~flags[j]] = -np.inf
+        return x
+
     def sample(self, logits, samplers: list, histories: list[list[int]]) -> np.ndarray:
         """One token per row of logits [n, n_vocab] -> int64 [n]: row i drawn by samplers[i] (engine/sampling.py)
         with histories[i] for its penalties. The rows may be changed in place."""

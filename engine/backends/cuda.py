@@ -343,6 +343,12 @@ class CUDABackend(Backend):
             keys = best.get()
         return (0xFFFFFFFF - (keys & 0xFFFFFFFF)).astype(np.int64)
 
+    def constrain(self, logits, rows, masks, bias):
+        with self.stream:
+            x = cp.ascontiguousarray(logits, dtype=cp.float32)
+            device_sampling.constrain(x, rows, masks, bias)
+        return x
+
     def sample(self, logits, samplers, histories):
         if all(s.is_greedy for s in samplers):
             return self.argmax(logits)

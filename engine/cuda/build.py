@@ -70,7 +70,7 @@ def name_expressions(family: str) -> list[str]:
     if family == "argmax":
         return ["argmax_rows"]
     if family == "sampling":
-        return ["apply_penalties", "sample_rows"]
+        return ["apply_penalties", "sample_rows", "add_bias", "constrain_rows"]
     if family == "rope":
         return ["rope", "rope_qk"]
     if family == "rms_norm":

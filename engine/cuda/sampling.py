@@ -48,6 +48,25 @@ def penalty_entries(samplers: list[Sampler], histories: list[list[int]]):
     return np.asarray(rows, np.int32), np.asarray(ids, np.int32), np.asarray(counts, np.float32), pen
 
 
+def constrain(logits, rows: np.ndarray, masks: np.ndarray | None, bias: tuple | None) -> None:
+    """Backend.constrain on the device: logits [n, m] f32 (contiguous) changed in place; masks int32 [R, words] and
+    the bias entries (rows, ids, values) from the host."""
+    import cupy as cp
+
+    n, m = logits.shape
+    if bias is not None and len(bias[0]):
+        b_rows, ids = cp.asarray(bias[0], cp.int32), cp.asarray(bias[1], cp.int32)
+        values = cp.asarray(bias[2], cp.float32)
+        kernel("sampling", "add_bias")((-(-len(ids) // PENALTY_THREADS),), (PENALTY_THREADS,),
+                                       (logits, np.int32(m), b_rows, ids, values, np.int32(len(ids))))
+    if masks is not None and len(rows):
+        if masks.shape[1] * 32 < m:
+            raise ValueError(f"masks of {masks.shape[1] * 32} tokens for {m} logits")
+        kernel("sampling", "constrain_rows")((-(-m // PENALTY_THREADS), len(rows)), (PENALTY_THREADS,),
+                                             (logits, np.int32(m), cp.asarray(rows, cp.int32),
+                                              cp.asarray(masks.view(np.uint32)), np.int32(masks.shape[1])))
+
+
 def sample(logits, samplers: list[Sampler], histories: list[list[int]]) -> np.ndarray:
     """logits: [n, m] f32 on the device (its rows are changed in place by penalties) -> token ids int64 [n].
     Counts one draw on each sampler."""

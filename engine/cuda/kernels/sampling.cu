@@ -17,6 +17,12 @@
 //   pass counting (top-k) or summing the mass (top-p) above 15 trial keys at once; block reductions in a fixed
 //   order, so a row's result does not depend on timing.
 //   out : [n] i32. Launch rule (cuda/sampling.py): grid n, block SAMPLE_THREADS.
+//
+// add_bias: a request's logit_bias, logits[rows[e], ids[e]] += values[e] ((row, id) unique).
+//   rows, ids : [P] i32; values : [P] f32. Launch rule: grid ceil(P / 256), block 256.
+// constrain_rows: a grammar's mask, row rows[j] keeps only the tokens whose bit is set in masks[j] (bit i % 32 of
+// word i / 32), -inf elsewhere.
+//   rows : [R] i32; masks : [R, words] u32. Launch rule: grid (ceil(m / 256), R), block 256.
 #include "common.cuh"
 
 #define SAMPLE_THREADS 1024
@@ -35,6 +41,21 @@ apply_penalties(float* __restrict__ logits, int m, const int* __restrict__ rows,
     const float repeat = pen[3 * r], presence = pen[3 * r + 1], frequency = pen[3 * r + 2];
     if (repeat != 1.0f) v = v > 0.0f ? v / repeat : v * repeat;
     *x = v - (counts[i] * frequency + presence);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+add_bias(float* __restrict__ logits, int m, const int* __restrict__ rows, const int* __restrict__ ids,
+         const float* __restrict__ values, int n_entries) {
+    const int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e < n_entries) logits[(long long)rows[e] * m + ids[e]] += values[e];
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+constrain_rows(float* __restrict__ logits, int m, const int* __restrict__ rows, const u32* __restrict__ masks,
+               int words) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x, j = blockIdx.y;
+    if (i < m && !((masks[(long long)j * words + (i >> 5)] >> (i & 31)) & 1u))
+        logits[(long long)rows[j] * m + i] = -INFINITY;
 }
 
 __device__ __forceinline__ u32 order_key(float v) {           // unsigned order of keys = float order of values
