@@ -28,7 +28,7 @@ def add_gpu_flags(s) -> None:
     s.add_argument("--decode-activations", default="q8_1", choices=("q8_1", "q16"),
                    help="a sequence's decode step multiplies q8_1 activations, as llama.cpp does, or 16-bit ones "
                         "(q16: q8_1 and a residual plane; KL to the exact model ~0.0002 against ~0.0026, decode "
-                        "5-15 %% slower)")
+                        "3-14 %% slower)")
     s.add_argument("-tp", "--tensor-parallel", type=int, default=1, metavar="N",
                    help="split the model over N GPUs, one process each, NCCL between (on the CPU: N threads)")
     s.add_argument("--tp-local", type=int, default=None, metavar="K",

@@ -18,9 +18,10 @@ def _cp():
 
 
 def quantize_q8_1(x, n_pad: int | None = None, out: tuple | None = None, residual: bool = False):
-    """x: [n, k] f32 -> (qs [n_pad, k] int8, ds [n_pad, k/16] float2 as f32 [n_pad, k/8]), into out = (qs, ds) when
-    given (a benchmark's graph re-quantizing into the same buffers); with residual, (qs, ds, rs [n_pad, k] int8): the
-    residual plane too, and ds's sums those of q + rs / Q8_RESIDUAL (kernels/common.cuh warp_store_q8_1)."""
+    """x: [n, k] f32 -> (qs [n_pad, k] int8, ds [n_pad, k/16] float2 as f32 [n_pad, k/8]); with residual, (qs, ds,
+    rs [n_pad, k] int8): the residual plane too, and ds's sums those of q + rs / Q8_RESIDUAL (kernels/common.cuh
+    warp_store_q8_1). Into out = (qs, ds) or (qs, ds, rs) when given (a benchmark's graph re-quantizing into the
+    same buffers), which then decides whether the residual plane is written."""
     cp = _cp()
     n, k = x.shape
     if k % 32:
