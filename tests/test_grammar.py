@@ -176,3 +176,25 @@ def test_any_allowed_reads_only_the_vocabulary():
     masks[5, 0] |= 1
     assert any_allowed(masks, n_vocab).tolist() == [False, True, True, False, False, True]
     assert np.array_equal(any_allowed(masks, n_vocab), mask_flags(masks, n_vocab).any(axis=1))
+
+
+@pytest.mark.slow
+def test_logit_bias_and_grammar_in_one_row(model_path):
+    """A row with both a grammar and a logit bias: the bias is added, then the mask applies, so a bias of -100 on the
+    grammar's greedy first token makes it take another that the grammar allows (the output stays one of its words);
+    a grammar no matcher can be made of ends its request alone with an error while the others finish."""
+    rt = Runtime.load(model_path("smol"), device="cpu", n_ctx=256, n_seq=3)
+    tok = rt.tokenizer
+    grammar = compile_grammar(gbnf='root ::= (" Paris" | " Rome") "."')
+    prompt = tok.encode("The capital of France is")
+    plain = run(Scheduler(rt), [Request(prompt, SamplingParams(temperature=0), 10, grammar=grammar)])[0]
+    assert text_of(tok, plain) == " Paris."
+    first = next(e.token for e in plain if isinstance(e, TokenEvent))
+    events = run(Scheduler(rt), [Request(prompt, SamplingParams(temperature=0), 10, grammar=grammar,
+                                         logit_bias={first: -100.0}),
+                                 Request(prompt, SamplingParams(temperature=0), 10, grammar="%% not a grammar"),
+                                 Request(prompt, SamplingParams(temperature=0), 3, ignore_eos=True)])
+    tokens = [e.token for e in events[0] if isinstance(e, TokenEvent)]
+    assert tokens[0] != first and text_of(tok, events[0]) in (" Paris.", " Rome.") and events[0][-1].reason == "stop"
+    assert events[1][-1].reason == "error" and not any(isinstance(e, TokenEvent) for e in events[1])
+    assert events[2][-1].reason == "length"
