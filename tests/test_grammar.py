@@ -198,3 +198,25 @@ def test_logit_bias_and_grammar_in_one_row(model_path):
     assert tokens[0] != first and text_of(tok, events[0]) in (" Paris.", " Rome.") and events[0][-1].reason == "stop"
     assert events[1][-1].reason == "error" and not any(isinstance(e, TokenEvent) for e in events[1])
     assert events[2][-1].reason == "length"
+
+
+@pytest.mark.slow
+def test_constraints_of_one_grammar_are_independent_copies(model_path):
+    """Constraints of one grammar start from a kept matcher's copy: each starts where a new matcher starts (the same
+    mask), and consuming in one leaves the others (and later ones) at the start."""
+    import engine.grammar as G
+    rt = Runtime.load(model_path("smol"), device="cpu", n_ctx=64)
+    tok, n_vocab = rt.tokenizer, rt.config.n_vocab
+    ll_tok = grammar_tokenizer(tok, n_vocab)
+    grammar = compile_grammar(json_schema=SCHEMAS[0])
+    fresh = G._llguidance().LLMatcher(ll_tok, grammar, log_level=0)
+    bits = np.empty((ll_tok.vocab_size + 31) // 32, np.int32)
+    fresh.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+    start = G.mask_flags(bits[None], n_vocab)[0]
+    a, b = (Constraint(ll_tok, grammar, n_vocab) for _ in range(2))
+    assert np.array_equal(a.allowed(), start) and np.array_equal(b.allowed(), start)
+    for t in tok.encode('{"', add_special=False):
+        a.consume(t)
+    assert not np.array_equal(a.allowed(), start)
+    assert np.array_equal(b.allowed(), start) and np.array_equal(Constraint(ll_tok, grammar, n_vocab).allowed(), start)
+    assert G._templates[(id(ll_tok), grammar)][0] is ll_tok                  # kept once for this vocabulary
