@@ -96,7 +96,6 @@ class _Seq:
     done: bool = False
 
 
-
 @dataclass
 class Stats:
     requests_total: int = 0
@@ -157,7 +156,8 @@ class Scheduler:
         if req.logit_bias and any(not 0 <= t < n_vocab for t in req.logit_bias):
             raise ValueError(f"a logit_bias token id is outside the vocabulary (0..{n_vocab - 1})")
         seq = _Seq(next(self._ids), req, on_event, submitted=time.perf_counter())
-        if req.grammar is not None:                 # its matcher (1-2 ms) is made in a thread meanwhile
+        if req.grammar is not None:                 # its matcher is made in a thread meanwhile (a grammar's first:
+                                                    # ~1.4 ms; later ones copy it)
             seq.constraint_made = _constraint_pool().submit(self._constraint, req.grammar)
         self.waiting.append(seq)
         self.stats.requests_total += 1
