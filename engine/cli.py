@@ -10,6 +10,7 @@ import sys
 from . import hub
 from .cuda.config import MUL_MAT_PATHS
 from .gguf import GGUFError, GGUFFile, quoted
+from .kv_blocks import KV_BLOCK_SIZE
 
 KNOWN_ERRORS: tuple[type[BaseException], ...] = (GGUFError, ValueError, RuntimeError, OSError, KeyError)
 
@@ -281,12 +282,15 @@ def cmd_serve(args) -> int:
         args.device = "cpu"
     model = hub.resolve_model(args.model)
     GGUFFile(model)   # a bad file is reported here, before the server starts
+    if args.kv_memory is not None and args.kv_memory <= 0:
+        return _fail("--kv-memory must be > 0")
     for name in ("parallel", "max_batch_tokens", "ctx", "max_queue", "tensor_parallel"):
         value = getattr(args, name)
         if value is not None and value < (0 if name == "max_queue" else 1):
             return _fail(f"--{name.replace('_', '-')} must be >= {0 if name == 'max_queue' else 1}")
     core = CoreConfig(model, device=args.device, n_parallel=args.parallel, n_ctx=args.ctx, n_ubatch=args.ubatch,
                       max_batch_tokens=args.max_batch_tokens, kv_f32=args.kv_f32, prefix_cache=args.prefix_cache,
+                      kv_memory=None if args.kv_memory is None else args.kv_memory * 2**30,
                       cuda=_cuda_config(args), tensor_parallel=_parallel(args))
     cfg = ServerConfig(core, api_key=_api_key(args), model_id=args.model if args.model in hub.MODELS else None,
                        max_body_bytes=int(args.max_body_mb * (1 << 20)), max_queue=args.max_queue,
@@ -377,7 +381,7 @@ def _sampling_and_runtime_args(s) -> None:
     s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
     add_gpu_flags(s)
     s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
-                   help="prefill every prompt whole (default: a prompt prefix another request left in a KV slot, "
+                   help="prefill every prompt whole (default: a prompt prefix another request left in the KV cache, "
                         "or a running sequence has, is reused)")
 
 
@@ -435,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
     add_gpu_flags(s)
     s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
-                   help="prefill every prompt whole (default: a prompt prefix another request left in a KV slot, "
+                   help="prefill every prompt whole (default: a prompt prefix another request left in the KV cache, "
                         "or a running sequence has, is reused)")
     s.set_defaults(func=cmd_bench)
 
@@ -445,8 +449,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8080)
     s.add_argument("-np", "--parallel", type=int, default=None,
-                   help="sequences decoded together (KV slots); default: 4 on the CPU, on a GPU up to 64 as free "
-                        "memory allows")
+                   help="sequences in flight at once; default: 4 on the CPU, on a GPU up to 64 as free memory allows")
+    s.add_argument("--kv-memory", type=float, default=None, metavar="GIB",
+                   help=f"KV-cache size: blocks of {KV_BLOCK_SIZE} positions that sequences take as they grow (the cpu backend; "
+                        "default: --parallel whole contexts; the GPU backend reserves a whole context per sequence)")
     s.add_argument("-c", "--ctx", type=int, default=None, help="context length of each sequence")
     s.add_argument("-ngl", "--gpu-layers", type=int, default=None,
                    help="llama-server's flag: any value but 0 means every layer on the GPU (0: the CPU)")
@@ -460,7 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: --ubatch)")
     add_gpu_flags(s)
     s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
-                   help="prefill every prompt whole (default: a prompt prefix another request left in a KV slot, "
+                   help="prefill every prompt whole (default: a prompt prefix another request left in the KV cache, "
                         "or a running sequence has, is reused)")
     s.add_argument("--api-key", default=None, help="require this key (also --api-key-file, or $ENGINE_API_KEY)")
     s.add_argument("--api-key-file", default=None, help="a file whose content is the API key")

@@ -16,6 +16,7 @@ from .backends import get_backend
 from .backends.base import Batch
 from .gguf import GGUFFile
 from .hub import resolve_model
+from .kv_blocks import KV_BLOCK_SIZE
 from .model import load_model, model_class
 from .parallel.config import ParallelConfig
 from .sampling import Sampler, SamplingParams
@@ -58,7 +59,9 @@ class Generation:
 class Runtime:
     def __init__(self, gguf: GGUFFile, device: str = "auto", n_ctx: int | None = None,
                  n_ubatch: int = DEFAULT_UBATCH, exact: bool = False, n_seq: int = 1, kv_f32: bool = False,
-                 cuda=None, tensor_parallel=1):
+                 cuda=None, tensor_parallel=1, kv_memory: float | None = None):
+        """n_seq: the sequences that can be in flight at once. kv_memory: bytes of KV cache (a paged cache's blocks;
+        None: enough for n_seq whole contexts)."""
         self.gguf = gguf
         model_class(gguf)                          # an unsupported architecture is the first thing to say
         self.tokenizer = Tokenizer(gguf)
@@ -81,7 +84,28 @@ class Runtime:
         self.model.set_context(self.n_ctx)
         self.n_ubatch = n_ubatch
         self.n_seq = n_seq
-        self.cache = self.model.new_cache(n_seq, self.n_ctx)
+        self._size_cache(kv_memory)
+        self.cache = self.model.new_cache(self.n_blocks, self.block_size)
+
+    def _size_cache(self, kv_memory: float | None) -> None:
+        """Blocks of KV_BLOCK_SIZE positions on a paged backend, else one block of the whole context per sequence;
+        as many as kv_memory holds, or n_seq whole contexts."""
+        paged = self.backend.paged_kv and KV_BLOCK_SIZE < self.n_ctx
+        self.block_size = KV_BLOCK_SIZE if paged else self.n_ctx
+        self.blocks_per_seq = -(-self.n_ctx // self.block_size)        # a whole context's blocks
+        self.n_blocks = self.n_seq * self.blocks_per_seq
+        if kv_memory is None:
+            return
+        if not self.backend.paged_kv:
+            raise ValueError(f"the {self.backend.name} backend's attention reads one contiguous KV cache per sequence, "
+                             f"sized by the parallel sequences and the context; a KV memory size needs a paged cache "
+                             f"(the cpu backend)")
+        per_block = self.block_size * self.model.kv_bytes_per_token()
+        self.n_blocks = int(kv_memory // per_block)
+        if self.n_blocks < self.blocks_per_seq:
+            raise ValueError(f"a KV memory of {kv_memory / 2**30:.4g} GiB holds {self.n_blocks * self.block_size} "
+                             f"positions, fewer than one sequence's context of {self.n_ctx} "
+                             f"({self.blocks_per_seq * per_block / 2**30:.4g} GiB)")
 
     @classmethod
     def load(cls, model: str | None = None, **kw) -> "Runtime":
@@ -94,13 +118,38 @@ class Runtime:
         if n_prompt > self.n_ctx:
             raise ContextLengthError(f"the prompt has {n_prompt} tokens, more than the context of {self.n_ctx}")
 
-    def forward(self, tokens: list[int], positions: list[int], seqs: list[int], logit_rows: list[int]):
+    def forward(self, tokens: list[int], positions: list[int], seqs: list[int], logit_rows: list[int],
+                tables: dict[int, list[int]] | None = None):
         """One forward over any mix of sequences (each one's tokens contiguous, in order; the scheduler puts decode
-        rows first) -> the backend's logits [len(logit_rows), n_vocab] (None without rows)."""
-        if positions and max(positions) >= self.n_ctx:
+        rows first) -> the backend's logits [len(logit_rows), n_vocab] (None without rows). tables: each sequence's
+        KV blocks (engine/kv_blocks.py); None: sequence s has the s-th whole context's blocks (static_blocks)."""
+        if len(positions) and max(positions) >= self.n_ctx:
             raise ContextLengthError(f"position {max(positions)} is past the context of {self.n_ctx} tokens")
-        batch = Batch.make(tokens, positions, seqs, logit_rows)
-        return self.backend.forward(self.model, batch, self.cache)
+        return self.backend.forward(self.model, self._batch(tokens, positions, seqs, logit_rows, tables), self.cache)
+
+    def _batch(self, tokens, positions, seqs, logit_rows, tables=None) -> Batch:
+        if self.block_size >= self.n_ctx:        # one block per sequence: the batch names it
+            if tables is not None:
+                seqs = [tables[s][0] for s in seqs]
+            return Batch.make(tokens, positions, seqs, logit_rows)
+        if tables is None:
+            tables = {s: self.static_blocks(s) for s in set(int(s) for s in seqs)}
+        return Batch.make(tokens, positions, seqs, logit_rows, tables)
+
+    def static_blocks(self, seq: int) -> list[int]:
+        """The blocks of sequence seq when nobody hands out blocks (prefill, decode, generate): the seq-th whole
+        context's."""
+        first = seq * self.blocks_per_seq
+        if first + self.blocks_per_seq > self.n_blocks:
+            raise ValueError(f"sequence {seq} has no blocks of its own in a KV cache of {self.n_blocks} blocks "
+                             f"(the Scheduler hands out blocks)")
+        return list(range(first, first + self.blocks_per_seq))
+
+    def scratch_tables(self, seqs, n_positions: int) -> dict[int, list[int]]:
+        """Blocks for steps whose results nobody keeps (a server's warm-up): n_positions for each of seqs, distinct
+        while the cache has enough."""
+        k = -(-n_positions // self.block_size)
+        return {s: [(i * k + j) % self.n_blocks for j in range(k)] for i, s in enumerate(sorted(set(seqs)))}
 
     def prefill(self, tokens: list[int], seq: int = 0, start: int = 0, all_logits: bool = False,
                 logits: bool = True, on_device: bool = False):
@@ -112,12 +161,12 @@ class Runtime:
         for a in range(0, len(tokens), self.n_ubatch):
             chunk = tokens[a:a + self.n_ubatch]
             last = a + self.n_ubatch >= len(tokens)
+            positions = np.arange(start + a, start + a + len(chunk))
             if not (all_logits or (last and logits)):
-                batch = Batch.make(chunk, np.arange(start + a, start + a + len(chunk)), np.full(len(chunk), seq), [])
-                self.backend.forward(self.model, batch, self.cache)
+                self.forward(chunk, positions, [seq] * len(chunk), [])
                 continue
-            batch = Batch.single(chunk, start + a, seq, all_logits=all_logits)
-            out = self.backend.forward(self.model, batch, self.cache)
+            out = self.forward(chunk, positions, [seq] * len(chunk), np.arange(len(chunk)) if all_logits else
+                               [len(chunk) - 1])
             if on_device:
                 return out
             outs.append(self.backend.to_numpy(out))
@@ -126,9 +175,7 @@ class Runtime:
     def decode(self, seqs: list[int], tokens: list[int], positions: list[int], greedy: bool = False) -> np.ndarray:
         """One decode step for several sequences, one new token each -> logits [len(seqs), n_vocab], or with
         greedy=True each sequence's argmax token [len(seqs)] (taken on the device: the logits stay there)."""
-        n = len(tokens)
-        batch = Batch.make(tokens, positions, seqs, np.arange(n))
-        logits = self.backend.forward(self.model, batch, self.cache)
+        logits = self.forward(tokens, positions, seqs, np.arange(len(tokens)))
         return self.backend.argmax(logits) if greedy else self.backend.to_numpy(logits)
 
     # -- generation --------------------------------------------------------------------------------------------

@@ -5,16 +5,23 @@
     while sched.step(): ...
 
 A step's batch is one token for every decoding sequence, then prefill chunks of as many admitted sequences as the
-budget left holds (oldest first). Waiting requests take free KV slots as soon as there are any, all in the same
-step, so a queue of prompts is prefilled together and decoding sequences keep their pace while a long prompt goes
-in chunk by chunk. A request whose prompt equals a running sequence's (the n choices of one request) copies that
-sequence's prompt cache and logits instead of prefilling. Requests beyond the free slots wait in a FIFO queue.
+budget left holds (oldest first). Waiting requests are admitted as soon as a sequence slot (runtime.n_seq of them)
+and KV blocks for their prompt are free, all in the same step, so a queue of prompts is prefilled together and
+decoding sequences keep their pace while a long prompt goes in chunk by chunk. A request whose prompt equals a running
+sequence's (the n choices of one request) shares that sequence's prompt cache and logits instead of prefilling.
+Requests that do not fit wait in a FIFO queue.
 
-Prefix caching (on unless prefix_cache=False): a free slot keeps the tokens of the request that last used it, and a
-new request takes the free slot whose tokens share the longest prefix with its prompt, or copies a longer prefix
-(at least MIN_COPY_PREFIX tokens) from a running or prefilling sequence's slot, and prefills only the rest; a request
-sharing such a prefix with a prompt still being prefilled waits until that prefix is in the cache (the requests
-behind it go ahead). Slots are reused least recently freed first, so a cached prefix lives as long as it can.
+KV memory is in blocks (engine/kv_blocks.py): a sequence holds the blocks of its prompt from admission on and one more
+each time its decoding starts a block. When a decoding sequence needs a block and none is free, the sequences
+admitted last are preempted: their blocks are released (and stay cached), and they wait at the front of the queue to
+be recomputed (their prompt and the tokens generated so far prefilled again, mostly from the cache) and go on where
+they were, with the same sampler and grammar.
+
+Prefix caching (on unless prefix_cache=False): a new request shares the cached full blocks holding its prompt's
+longest prefix, then takes over or copies (at least min_copy tokens) the block holding most of what follows, and
+prefills only the rest; a request sharing a prefix of at least MIN_COPY_PREFIX tokens with a prompt still being
+prefilled waits until that prefix is in the cache (the requests behind it go ahead). Released blocks are reused
+least recently released first, so a cached prefix lives as long as it can.
 
 on_event receives a TokenEvent per generated token and one FinishEvent. Every per-sequence failure (its sampling,
 its event handler, copying a shared prompt) finishes that sequence with an error event; a failed forward ends the
@@ -30,19 +37,13 @@ from typing import Callable
 
 import numpy as np
 
+from .kv_blocks import BlockManager, common_prefix
 from .runtime import ContextLengthError, Runtime
 from .sampling import Sampler, SamplingParams
 
-MIN_COPY_PREFIX = 32     # prompt tokens worth copying from another sequence's slot (fewer are prefilled)
-
-
-def common_prefix(a: np.ndarray, b: np.ndarray, limit: int) -> int:
-    """How many leading tokens a and b share, at most limit."""
-    m = min(len(a), len(b), limit)
-    if m <= 0:
-        return 0
-    diff = np.flatnonzero(a[:m] != b[:m])
-    return int(diff[0]) if len(diff) else m
+MIN_COPY_PREFIX = 32     # prompt tokens worth copying into a whole-context block (fewer are prefilled); a paged
+                         # cache copies any (a block's copy is cheaper than prefilling its tokens)
+WATERMARK = 0.01         # of a paged cache's blocks, kept free at admission for decoding sequences
 
 
 @dataclass
@@ -62,7 +63,7 @@ class TokenEvent:
     logprob: float | None = None
     top: list[tuple[int, float]] | None = None
     cached_tokens: int = 0              # the first token's event: prompt tokens taken from the KV cache
-    queue_seconds: float = 0.0          # the first token's event: from submit() until a KV slot was given
+    queue_seconds: float = 0.0          # the first token's event: from submit() until it was admitted
 
 
 @dataclass
@@ -79,13 +80,17 @@ class _Seq:
     id: int
     req: Request
     on_event: Callable
-    slot: int = -1
+    slot: int = -1                     # its place among the runtime's n_seq sequences in flight (-1: none)
+    blocks: list[int] = field(default_factory=list)   # its KV blocks, in order (engine/kv_blocks.py)
+    fill: list[int] | None = None      # the tokens to prefill: the prompt, or a preempted sequence's cache
+    resumed: bool = False              # fill is a preempted sequence's: no token is sampled when it is in
+    order: int = -1                    # admission order (the last admitted are preempted first)
     pos: int = 0                       # tokens in the KV cache
-    prefilled: int = 0                 # prompt tokens already in the KV cache
-    cached: int = 0                    # of them, taken from a cache (a slot's earlier request, another sequence)
-    prompt_ids: np.ndarray | None = None   # [len(prompt)] int32, for prefix matching
+    prefilled: int = 0                 # tokens of fill already in the KV cache
+    cached: int = 0                    # of the prompt's, taken from a cache (an earlier request, another sequence)
+    prompt_ids: np.ndarray | None = None   # [len(fill)] int32, for prefix matching
     submitted: float = 0.0             # perf_counter() at submit()
-    queued: float = 0.0                # seconds from submit() until admitted
+    queued: float = -1.0               # seconds from submit() until admitted (-1: not yet)
     sampler: Sampler | None = None
     constraint: object = None          # engine.grammar.Constraint when the request has a grammar
     history: list[int] = field(default_factory=list)   # prompt + generated tokens (the penalties' window)
@@ -104,6 +109,7 @@ class Stats:
     prompt_tokens_shared: int = 0      # prompt tokens copied from a running sequence's cache instead of prefilled
     prompt_tokens_cached: int = 0      # prompt tokens found by prefix caching (a slot's tokens, or copied)
     prefix_cache_hits: int = 0         # requests that prefilled less thanks to prefix caching
+    preemptions: int = 0               # sequences preempted for KV blocks (and recomputed)
     generated_tokens_total: int = 0
     steps: int = 0
     decode_steps: int = 0              # steps with decode rows only
@@ -118,14 +124,19 @@ class Scheduler:
         self.rt = runtime
         self.max_batch_tokens = max(1, max_batch_tokens or runtime.n_ubatch)
         self.prefix_cache = prefix_cache
+        self.block_size = runtime.block_size
+        self.blocks = BlockManager(runtime.n_blocks, runtime.block_size, caching=prefix_cache)
+        self.paged = runtime.block_size < runtime.n_ctx            # else one block of a whole context per sequence
+        self.min_copy = 1 if self.paged else MIN_COPY_PREFIX
+        self.watermark = int(WATERMARK * runtime.n_blocks) if self.paged else 0
         self.free_slots = list(range(runtime.n_seq))     # least recently freed first
-        self.slot_tokens: dict[int, np.ndarray] = {}     # free slot -> the tokens its KV cache holds
         self.waiting: deque[_Seq] = deque()
         self.prefilling: list[_Seq] = []
         self.running: list[_Seq] = []
         self.cancelled: set[int] = set()
         self.stats = Stats()
         self._ids = itertools.count(1)
+        self._order = itertools.count()
 
     # -- requests --------------------------------------------------------------------------------------------
     def submit(self, req: Request, on_event: Callable) -> int:
@@ -148,7 +159,7 @@ class Scheduler:
         return seq.id
 
     def cancel(self, seq_id: int) -> None:
-        """Stop a sequence at the next step and free its KV slot (e.g. its client disconnected)."""
+        """Stop a sequence at the next step and free its KV blocks (e.g. its client disconnected)."""
         self.cancelled.add(seq_id)
 
     @property
@@ -161,12 +172,14 @@ class Scheduler:
 
     # -- the step --------------------------------------------------------------------------------------------
     def step(self) -> bool:
-        """Admit, run one forward over the budget, sample, report. False when there was nothing to do."""
+        """Admit, give decoding sequences their next block, run one forward over the budget, sample, report. False
+        when there was nothing to do."""
         self._drop_cancelled()
         self._admit()
+        self._grow()
         decode = list(self.running)
         chunks = self._prefill_chunks(self.max_batch_tokens - len(decode))
-        if not decode and not chunks:      # _admit took every request a free slot could: nothing is waiting on us
+        if not decode and not chunks:      # _admit took every request that fits: nothing is waiting on us
             return False
         self._run(decode, chunks)
         return True
@@ -181,96 +194,202 @@ class Scheduler:
             self._finish(s, "cancelled")
 
     def _admit(self) -> None:
-        """Waiting requests take free slots, oldest first (see the module's docstring): one whose prompt a running
-        sequence has shares it; one whose prompt (or a long prefix of it) is being prefilled waits for that while the
-        requests behind it go ahead; the others take a slot by prefix (_place)."""
+        """Waiting requests are admitted oldest first while a slot and their blocks are free (see the module's
+        docstring): one whose prompt a running sequence has shares it; one whose prompt (or a long prefix of it) is
+        being prefilled waits for that while the requests behind it go ahead; the others are placed by prefix
+        (_place). The first that does not fit in the free blocks stops admission (the queue keeps its order)."""
         held: deque[_Seq] = deque()
         while self.waiting and self.free_slots:
             seq = self.waiting.popleft()
-            prompt = seq.req.prompt
-            if seq.prompt_ids is None:
-                seq.prompt_ids = np.asarray(prompt, np.int32)
-            if any(self._waits_for(seq, s) for s in self.prefilling):
+            if seq.fill is None:
+                seq.fill = list(seq.req.prompt)
+                seq.prompt_ids = np.asarray(seq.fill, np.int32)
+            if not seq.resumed and any(self._waits_for(seq, s) for s in self.prefilling):
                 held.append(seq)
                 continue
-            seq.history = list(prompt)
-            seq.queued = time.perf_counter() - seq.submitted
-            donor = next((s for s in self.running if s.prompt_logits is not None and s.req.prompt == prompt), None)
             try:
-                seq.sampler = Sampler(seq.req.params)
-                if seq.req.grammar is not None:      # a copy of the grammar's kept matcher (~0.01 ms)
-                    seq.constraint = self._constraint(seq.req.grammar)
-                if donor is not None:
-                    seq.slot = self._take_slot(self.free_slots[0])
-                    self._share(seq, donor)
-                    continue
-                self._place(seq)
+                if seq.sampler is None:
+                    seq.history = list(seq.req.prompt)
+                    seq.sampler = Sampler(seq.req.params)
+                    if seq.req.grammar is not None:      # a copy of the grammar's kept matcher (~0.01 ms)
+                        seq.constraint = self._constraint(seq.req.grammar)
+                prompt = seq.req.prompt
+                donor = None if seq.resumed else next(
+                    (s for s in self.running if s.prompt_logits is not None and s.req.prompt == prompt), None)
+                placed = self._share(seq, donor) if donor is not None else self._place(seq)
             except Exception as e:     # this sequence fails alone
                 self._finish(seq, "error", f"{type(e).__name__}: {e}")
                 continue
-            self.prefilling.append(seq)
+            if not placed:             # its blocks are not free: it waits at the front
+                self.waiting.appendleft(seq)
+                break
+            if donor is None:
+                (self.running if seq.prefilled == len(seq.fill) else self.prefilling).append(seq)
         self.waiting = held + self.waiting
 
     def _waits_for(self, seq: _Seq, other: _Seq) -> bool:
         """Whether seq should wait for other's prefill: the same prompt (its logits will be shared), or with prefix
         caching a prefix of at least MIN_COPY_PREFIX tokens other has not prefilled yet."""
-        if seq.req.prompt == other.req.prompt:
+        if not other.resumed and seq.req.prompt == other.req.prompt:
             return True
         if not self.prefix_cache:
             return False
-        n = common_prefix(seq.prompt_ids, other.prompt_ids, len(seq.req.prompt) - 1)
+        n = common_prefix(seq.prompt_ids, other.prompt_ids, len(seq.fill) - 1)
         return n >= MIN_COPY_PREFIX and other.prefilled < n
 
-    def _place(self, seq: _Seq) -> None:
-        """Give seq a free slot and the prompt tokens already in it. The free slot whose cached tokens share the
-        longest prefix with the prompt is taken when nothing else it holds is lost (a conversation's next turn);
-        else that prefix, or a longer one of a live sequence, is copied into the least recently freed slot when it
-        is at least MIN_COPY_PREFIX tokens (the other slot keeps its tokens for a later request); else the least
-        recently freed slot is taken. At least the prompt's last token is left to prefill (its logits)."""
-        limit = len(seq.req.prompt) - 1
-        lru = self.free_slots[0]
-        slot, start, source = lru, 0, None
-        if self.prefix_cache and limit > 0:
-            best, best_n = lru, 0
-            for s in self.free_slots:
-                n = common_prefix(self.slot_tokens.get(s, seq.prompt_ids[:0]), seq.prompt_ids, limit)
-                if n > best_n:
-                    best, best_n = s, n
-            if best_n and (best == lru or best_n == len(self.slot_tokens[best])):
-                slot, start = best, best_n                              # nothing else in it is lost
-            elif best_n >= MIN_COPY_PREFIX:
-                start, source = best_n, best
-            for other in self.prefilling + self.running:
-                n = common_prefix(other.prompt_ids[:other.prefilled], seq.prompt_ids, limit)
-                if n >= MIN_COPY_PREFIX and n > start:
-                    slot, start, source = lru, n, other.slot
-        seq.slot = self._take_slot(slot)
-        if source is not None:
-            self.rt.cache.copy_prefix(source, seq.slot, start)
-        seq.prefilled = seq.cached = start
-        if start:
-            self.stats.prompt_tokens_cached += start
-            self.stats.prefix_cache_hits += 1
+    def _reserve(self) -> int:
+        """Free blocks admission leaves alone: the watermark, and one for each decoding sequence about to start
+        a block."""
+        if not self.paged:
+            return 0
+        bs = self.block_size
+        return self.watermark + sum(s.pos == len(s.blocks) * bs for s in self.running)
+
+    def _place(self, seq: _Seq) -> bool:
+        """Give seq a slot and blocks for its fill, the cached ones holding its longest prefix first -> False (and
+        nothing taken) when the free blocks do not hold it. After the shared full blocks, the block holding most of
+        the next tokens is taken over when nobody holds it and nothing else in it is lost (all it holds is wanted,
+        or it is the next to be reused anyway), else those tokens are copied into a new block when there are at
+        least min_copy of them. A new prompt leaves at least its last token to prefill (its logits)."""
+        B, bs = self.blocks, self.block_size
+        limit = len(seq.fill) - (0 if seq.resumed else 1)
+        shared, cand, n = B.match(seq.prompt_ids, limit) if self.prefix_cache else ([], -1, 0)
+        take = n > 0 and B.ref[cand] == 0 and (n == B.length[cand] or cand == B.next_free())
+        copy = not take and n >= self.min_copy
+        n = n if take or copy else 0
+        needed = -(-len(seq.fill) // bs)
+        leaving = needed - len(shared) + sum(B.ref[b] == 0 for b in shared)   # new blocks, and cached ones held
+        if leaving + self._reserve() > B.n_free:
+            return False
+        for b in shared:
+            B.hold(b)
+        table = list(shared)
+        if take:
+            B.hold(cand)
+            B.truncate(cand, n)
+            table.append(cand)
+        elif copy:
+            table.append(self._copied(cand, n))
+        while len(table) < needed:
+            table.append(B.allocate())
+        start = len(shared) * bs + n
+        self._admitted(seq, table)
+        seq.prefilled = start
+        if not seq.resumed:
+            seq.cached = start
+            if start:
+                self.stats.prompt_tokens_cached += start
+                self.stats.prefix_cache_hits += 1
+        if seq.prefilled == len(seq.fill):        # a preempted sequence whose cache was all still there
+            seq.pos, seq.resumed = len(seq.fill), False
+        return True
+
+    def _copied(self, src: int, n: int) -> int:
+        """A new block holding the first n positions of block src."""
+        b = self.blocks.allocate()
+        self.rt.cache.copy_prefix(src, b, n)
+        self.blocks.copy(src, b, n)
+        return b
+
+    def _admitted(self, seq: _Seq, table: list[int]) -> None:
+        seq.blocks = table
+        seq.slot = self.free_slots.pop(0)
+        if seq.order < 0:
+            seq.order = next(self._order)
+        if seq.queued < 0:
+            seq.queued = time.perf_counter() - seq.submitted
 
     def _constraint(self, grammar: str):
         from .grammar import Constraint, grammar_tokenizer
         n_vocab = self.rt.config.n_vocab
         return Constraint(grammar_tokenizer(self.rt.tokenizer, n_vocab), grammar, n_vocab)
 
-    def _take_slot(self, slot: int) -> int:
-        self.free_slots.remove(slot)
-        self.slot_tokens.pop(slot, None)
-        return slot
-
-    def _share(self, seq: _Seq, donor: _Seq) -> None:
+    def _share(self, seq: _Seq, donor: _Seq) -> bool:
+        """seq has donor's prompt: its full blocks shared, the rest copied, its logits sampled -> False (nothing
+        taken) when no block is free for the copy."""
+        B, bs = self.blocks, self.block_size
         n = len(seq.req.prompt)
-        self.rt.cache.copy_prefix(donor.slot, seq.slot, n)
+        full, part = divmod(n, bs)
+        if (part > 0) + self._reserve() > B.n_free:
+            return False
+        for b in donor.blocks[:full]:
+            B.hold(b)
+        self._admitted(seq, donor.blocks[:full] + ([self._copied(donor.blocks[full], part)] if part else []))
         seq.prefilled = seq.pos = seq.cached = n
         seq.prompt_logits = donor.prompt_logits
         self.stats.prompt_tokens_shared += n
         self.running.append(seq)
         logits = self.rt.backend.rows(donor.prompt_logits, np.zeros(1, np.int32))
         self._sample_and_emit([seq], logits)
+        return True
+
+    def _grow(self) -> None:
+        """Every decoding sequence whose next position starts a block gets a new one; while none is free, the
+        sequences admitted last are preempted (the one needing the block among them)."""
+        if not self.paged:                 # a whole context's block: never outgrown
+            return
+        B, bs = self.blocks, self.block_size
+        for seq in list(self.running):
+            if seq.pos < len(seq.blocks) * bs or seq not in self.running:
+                continue
+            while B.n_free == 0:
+                victim = max(self.prefilling + self.running, key=lambda s: s.order)
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            if seq in self.running:
+                b = B.allocate()
+                B.write(b, B.parent_of(seq.blocks + [b], len(seq.blocks)), 0, [])
+                seq.blocks.append(b)
+
+    def _preempt(self, seq: _Seq) -> None:
+        """Release seq's blocks and slot; it waits at the front of the queue to be recomputed (a decoding sequence's
+        fill becomes the tokens its cache held)."""
+        self._release(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+            seq.fill = seq.history[:seq.pos]
+            seq.prompt_ids = np.asarray(seq.fill, np.int32)
+            seq.resumed = True
+        else:
+            self.prefilling.remove(seq)
+        seq.prefilled = 0
+        self.waiting.appendleft(seq)
+        self.stats.preemptions += 1
+
+    def _release(self, seq: _Seq) -> None:
+        B = self.blocks
+        if not self.paged and seq.blocks and seq.pos > B.length[seq.blocks[0]]:
+            n = int(B.length[seq.blocks[0]])
+            B.write(seq.blocks[0], B.parent_of(seq.blocks, 0), n, seq.history[n:seq.pos])
+        for b in seq.blocks:
+            self.blocks.release(b)
+        seq.blocks = []
+        if seq.slot >= 0:
+            self.free_slots.append(seq.slot)
+            seq.slot = -1
+
+    def _record(self, seq: _Seq, start: int, tokens) -> None:
+        """The blocks of seq now hold tokens at positions start.. (after a forward wrote them)."""
+        B, bs = self.blocks, self.block_size
+        i = 0
+        while i < len(tokens):
+            p = start + i
+            j, off = divmod(p, bs)
+            k = min(bs - off, len(tokens) - i)
+            B.write(seq.blocks[j], B.parent_of(seq.blocks, j), off, tokens[i:i + k])
+            i += k
+
+    def _record_decode(self, decode: list[_Seq]) -> None:
+        """The decode rows' tokens are in their blocks (after the forward wrote them); each sequence one further."""
+        if not decode:
+            return
+        bs, n = self.block_size, len(decode)
+        blocks = np.fromiter((s.blocks[s.pos // bs] for s in decode), np.int64, n)
+        offsets = np.fromiter((s.pos % bs for s in decode), np.int64, n)
+        self.blocks.append(blocks, offsets, np.fromiter((s.last for s in decode), np.int32, n))
+        for s in decode:
+            s.pos += 1
 
     def _prefill_chunks(self, budget: int) -> list[tuple[_Seq, int]]:
         """(sequence, tokens) prefill chunks within budget; at least a quarter of the step's budget goes to
@@ -280,38 +399,51 @@ class Scheduler:
         for seq in self.prefilling:
             if budget <= 0:
                 break
-            take = min(len(seq.req.prompt) - seq.prefilled, budget)
+            take = min(len(seq.fill) - seq.prefilled, budget)
             chunks.append((seq, take))
             budget -= take
         return chunks
 
     def _run(self, decode: list[_Seq], chunks: list[tuple[_Seq, int]]) -> None:
-        tokens, positions, slots, rows = [], [], [], []
+        tokens, positions, seqs, rows = [], [], [], []
+        tables = {s.id: s.blocks for s in decode}
         for s in decode:
             tokens.append(s.last)
             positions.append(s.pos)
-            slots.append(s.slot)
+            seqs.append(s.id)
             rows.append(len(tokens) - 1)
-        completing = []
+        completing, resumed = [], []
         for s, take in chunks:
             a = s.prefilled
-            tokens += s.req.prompt[a:a + take]
+            tokens += s.fill[a:a + take]
             positions += range(a, a + take)
-            slots += [s.slot] * take
-            if a + take == len(s.req.prompt):
-                rows.append(len(tokens) - 1)
-                completing.append(s)
+            seqs += [s.id] * take
+            tables[s.id] = s.blocks
+            if a + take == len(s.fill):
+                if s.resumed:                       # back where it was: its next token is already drawn
+                    resumed.append(s)
+                else:
+                    rows.append(len(tokens) - 1)
+                    completing.append(s)
         t0 = time.perf_counter()
         try:
-            logits = self.rt.forward(tokens, positions, slots, rows)
+            logits = self.rt.forward(tokens, positions, seqs, rows, tables)
         except Exception as e:     # the step's sequences end with the error; the loop goes on
             for s in decode + [c[0] for c in chunks]:
                 self._finish(s, "error", f"{type(e).__name__}: {e}")
             return
-        for s in decode:
-            s.pos += 1
+        if self.paged:
+            self._record_decode(decode)
+        else:                               # a whole-context block learns its generated tokens when released
+            for s in decode:
+                s.pos += 1
         for s, take in chunks:
+            self._record(s, s.prefilled, s.fill[s.prefilled:s.prefilled + take])
             s.prefilled += take
+        for s in resumed:
+            self.prefilling.remove(s)
+            s.pos, s.resumed = len(s.fill), False
+            self.running.append(s)
         for s in completing:
             self.prefilling.remove(s)
             s.pos = len(s.req.prompt)
@@ -446,13 +578,7 @@ class Scheduler:
         for queue in (self.running, self.prefilling):
             if seq in queue:
                 queue.remove(seq)
-        if seq.slot >= 0:
-            self.free_slots.append(seq.slot)
-            if self.prefix_cache and reason != "error":        # what the slot's KV cache holds, for a later prompt
-                held = seq.history[:seq.pos] if seq.pos else seq.req.prompt[:seq.prefilled]
-                if held:
-                    self.slot_tokens[seq.slot] = np.asarray(held, np.int32)
-            seq.slot = -1
+        self._release(seq)                    # its blocks stay cached for a later prompt (with prefix caching)
         seq.prompt_logits = None
         self.stats.requests_finished += 1
         self.stats.requests_failed += reason == "error"

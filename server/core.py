@@ -30,6 +30,7 @@ class CoreConfig:
     kv_f32: bool = False
     warmup: bool = True
     prefix_cache: bool = True
+    kv_memory: float | None = None             # bytes of KV cache (a paged cache; None: n_parallel whole contexts)
     cuda: object = None                        # engine.cuda.config.CudaConfig (None: the defaults)
     tensor_parallel: object = 1                # ranks the model is split over: a count or a ParallelConfig
 
@@ -95,7 +96,7 @@ class EngineCore:
         n_seq = cfg.n_parallel or default_parallel(cfg)
         self.rt = Runtime.load(cfg.model, device=cfg.device, n_ctx=cfg.n_ctx, n_seq=n_seq,
                                n_ubatch=cfg.n_ubatch, kv_f32=cfg.kv_f32, cuda=cfg.cuda,
-                               tensor_parallel=cfg.tensor_parallel)
+                               tensor_parallel=cfg.tensor_parallel, kv_memory=cfg.kv_memory)
         self.sched = Scheduler(self.rt, cfg.max_batch_tokens, cfg.prefix_cache)
         self.seq_of: dict[int, int] = {}          # request id -> scheduler sequence id
         self.events: list[Event] = []
@@ -126,9 +127,9 @@ class EngineCore:
             n_prefill = min(n_prefill, rt.n_ctx - 1)
             tokens = [1] * (n_decode + n_prefill)
             positions = [n_prefill] * n_decode + list(range(n_prefill))
-            slots = list(range(n_decode)) + [n_decode] * n_prefill          # distinct slots (n_decode < n_seq)
+            seqs = list(range(n_decode)) + [n_decode] * n_prefill          # distinct sequences (n_decode < n_seq)
             rows = list(range(n_decode)) + ([len(tokens) - 1] if n_prefill else [])
-            logits = rt.forward(tokens, positions, slots, rows)
+            logits = rt.forward(tokens, positions, seqs, rows, rt.scratch_tables(seqs, n_prefill + 1))
             if not sampled and len(rows) > 1:
                 params = SamplingParams(temperature=1.0, top_k=40, top_p=0.9)
                 rt.backend.sample(logits, [Sampler(params) for _ in rows], [[1] for _ in rows])
@@ -211,7 +212,8 @@ class EngineCore:
                          len(s.prefilling), s.queue_length, st.prompt_tokens_total, st.prompt_tokens_shared,
                          st.generated_tokens_total, st.steps, round(st.tokens_per_second, 3), len(s.free_slots),
                          st.prefill_steps, st.decode_step_seconds, st.prefill_step_seconds, st.prompt_tokens_cached,
-                         st.prefix_cache_hits, self.slot_states())
+                         st.prefix_cache_hits, st.preemptions, s.blocks.n_blocks, s.blocks.n_blocks - s.blocks.n_free,
+                         self.slot_states())
 
     def slot_states(self) -> list[SlotState]:
         """The busy KV slots and the request in each (llama-server's /slots; the front end adds the free ones): built

@@ -90,6 +90,9 @@ class CoreStats(msgspec.Struct, array_like=True):
     prefill_step_seconds: float = 0.0
     prompt_tokens_cached: int = 0
     prefix_cache_hits: int = 0
+    preemptions: int = 0
+    kv_blocks: int = 0
+    kv_blocks_held: int = 0             # blocks sequences hold (the rest are free or cached)
     slots: list[SlotState] = msgspec.field(default_factory=list)
 
 

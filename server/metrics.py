@@ -32,6 +32,7 @@ class CoreCollector:
             ("prompt_tokens_cached", "prompt tokens found by prefix caching instead of prefilled",
              st.prompt_tokens_cached),
             ("prefix_cache_hits", "requests that reused a cached prompt prefix", st.prefix_cache_hits),
+            ("num_preemptions", "sequences preempted for KV blocks and recomputed", st.preemptions),
             ("generation_tokens", "tokens generated", st.generated_tokens_total),
             ("steps", "scheduler steps (forward passes)", st.steps),
             ("prefill_steps", "steps that carried prompt chunks", st.prefill_steps),
@@ -44,7 +45,9 @@ class CoreCollector:
         for name, text, value in [
             ("num_requests_running", "sequences prefilling or decoding", st.running),
             ("num_requests_waiting", "sequences waiting for a KV slot", st.waiting),
-            ("kv_slots_free", "KV-cache slots free", st.kv_slots_free),
+            ("kv_slots_free", "sequence slots free", st.kv_slots_free),
+            ("kv_cache_usage_perc", "fraction of the KV blocks sequences hold (1: full)",
+             st.kv_blocks_held / st.kv_blocks if st.kv_blocks else 0.0),
             ("generation_tokens_per_second", "decode rows per second of the recent steps", st.tokens_per_second),
             ("core_up", "1 while the engine core is loaded and answering", int(e.ready is not None and e.error is None)),
         ]:

@@ -543,3 +543,31 @@ def test_llama_server_flags_cors_and_graceful_shutdown(model_path, tmp_path):
             proc.kill()
     log.seek(0)
     assert "Traceback" not in log.read()
+
+
+def test_more_sequences_than_whole_contexts_in_kv_memory(model_path):
+    """--kv-memory sized for 4 whole 256-token contexts serves 16 concurrent streams (--parallel 16), 0 errors;
+    /metrics reports the blocks in use while they run and none after."""
+    model_path("smol")
+    per_token = 2 * 30 * 3 * 64 * 4                     # SmolLM2's f32 keys and values of one position
+    proc, base = start_server("--parallel", "16", "--kv-memory", str(4 * 256 * per_token / 2**30))
+    try:
+        results = {}
+        threads = [threading.Thread(target=stream_tokens, args=(base, f"Story {i}:", 40, results, i))
+                   for i in range(16)]
+        for t in threads:
+            t.start()
+        usage = 0.0
+        while any(t.is_alive() for t in threads):
+            text = httpx.get(base + "/metrics").text
+            usage = max(usage, float(next(line.split()[1] for line in text.splitlines()
+                                          if line.startswith("engine:kv_cache_usage_perc "))))
+            time.sleep(0.2)
+        assert len(results) == 16 and all(done and pieces[-1]["finish_reason"] == "length"
+                                          for pieces, done in results.values())
+        assert usage > 0.25
+        text = httpx.get(base + "/metrics").text
+        assert "engine:kv_cache_usage_perc 0.0" in text and "engine:kv_slots_free 16.0" in text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

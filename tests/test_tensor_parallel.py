@@ -168,17 +168,18 @@ def test_process_ranks_equal_whole(tmp_path, size):
     try:
         assert all(r.process.is_alive() for r in model.group.ranks) and len(model.group.ranks) == size - 1
         model.set_context(64)
-        cache = model.new_cache(2, 64)
+        cache = model.new_cache(2, 64)                  # two blocks of a whole context: the batches name them
+        whole_cache = whole.model.new_cache(2, 64)
         from engine.backends.base import Batch
         prompt = prompt_tokens(n=20)
         got = backend.forward(model, Batch.single(prompt, 0, 0, all_logits=True), cache)
-        want = whole.backend.forward(whole.model, Batch.single(prompt, 0, 0, all_logits=True), whole.cache)
+        want = whole.backend.forward(whole.model, Batch.single(prompt, 0, 0, all_logits=True), whole_cache)
         assert np.abs(got - want).max() <= EXACT
-        cache.copy_prefix(0, 1, 20)                     # slot 1 continues from slot 0's prefix on every rank
-        whole.cache.copy_prefix(0, 1, 20)
+        cache.copy_prefix(0, 1, 20)                     # block 1 continues from block 0's prefix on every rank
+        whole_cache.copy_prefix(0, 1, 20)
         step = Batch.make([5, 7], [20, 20], [0, 1], [0, 1])
         assert np.abs(backend.forward(model, step, cache) -
-                      whole.backend.forward(whole.model, step, whole.cache)).max() <= EXACT
+                      whole.backend.forward(whole.model, step, whole_cache)).max() <= EXACT
     finally:
         backend.close()
 
@@ -228,7 +229,7 @@ def test_ranks_join_from_another_host(tmp_path):
         cache = model.new_cache(1, 64)
         batch = Batch.single(prompt_tokens(n=24), 0, 0, all_logits=True)
         got = backend.forward(model, batch, cache)
-        assert np.abs(got - whole.backend.forward(whole.model, batch, whole.cache)).max() <= EXACT
+        assert np.abs(got - whole.backend.forward(whole.model, batch, whole.model.new_cache(1, 64))).max() <= EXACT
         backend.close()
         assert workers.wait(30) == 0, workers.stdout.read()
     finally:

@@ -16,14 +16,17 @@ class Batch:
     """One forward pass: tokens from one or more sequences; each sequence's tokens are contiguous and in order."""
     tokens: np.ndarray        # [n] int32
     positions: np.ndarray     # [n] int32, position of each token in its sequence
-    seq_ids: np.ndarray       # [n] int32, KV-cache slot of each token's sequence
+    seq_ids: np.ndarray       # [n] int32, each token's sequence: its KV block when a block holds a whole context
     logit_rows: np.ndarray    # [n_out] int32, rows whose logits are wanted
     seq_ranges: list[tuple[int, int, int]] = field(default_factory=list)  # (seq_id, start, end) per sequence
+    block_tables: np.ndarray | None = None   # [len(seq_ranges), max blocks] int32: each sequence's KV blocks in
+                                             # order (None: its seq_id is its one block)
     per_row: bool = False     # attention takes each row as its own query over the cache (a replayed mixed step's
                               # layout: its launches depend on the row count alone)
 
     @classmethod
-    def make(cls, tokens, positions, seq_ids, logit_rows) -> "Batch":
+    def make(cls, tokens, positions, seq_ids, logit_rows, tables: dict | None = None) -> "Batch":
+        """tables: sequence id -> its KV blocks (a paged cache), for every sequence in the batch."""
         tokens = np.asarray(tokens, np.int32)
         positions = np.asarray(positions, np.int32)
         seq_ids = np.asarray(seq_ids, np.int32)
@@ -32,7 +35,12 @@ class Batch:
             if i == len(seq_ids) or seq_ids[i] != seq_ids[start]:
                 ranges.append((int(seq_ids[start]), start, i))
                 start = i
-        return cls(tokens, positions, seq_ids, np.asarray(logit_rows, np.int32), ranges)
+        block_tables = None
+        if tables is not None:
+            block_tables = np.zeros((len(ranges), max((len(tables[s]) for s, _, _ in ranges), default=1)), np.int32)
+            for r, (s, _, _) in enumerate(ranges):
+                block_tables[r, :len(tables[s])] = tables[s]
+        return cls(tokens, positions, seq_ids, np.asarray(logit_rows, np.int32), ranges, block_tables=block_tables)
 
     def is_one_run(self) -> bool:
         """One sequence at consecutive positions."""
@@ -60,17 +68,19 @@ class Batch:
 
 
 class KVCache:
-    """Per layer k and v: [n_seq, n_ctx, n_head_kv, head_dim] arrays of the backend's array module."""
+    """Per layer k and v: [n_blocks, block_size, n_head_kv, head_dim] arrays of the backend's array module
+    (engine/kv_blocks.py). With blocks of a whole context (block_size == n_ctx) a block is a sequence's slot."""
 
-    def __init__(self, xp, n_layer, n_seq, n_ctx, n_head_kv, head_dim, dtype):
-        shape = (n_seq, n_ctx, n_head_kv, head_dim)
+    def __init__(self, xp, n_layer, n_blocks, block_size, n_head_kv, head_dim, dtype):
+        shape = (n_blocks, block_size, n_head_kv, head_dim)
         self.k = [xp.zeros(shape, dtype) for _ in range(n_layer)]
         self.v = [xp.zeros(shape, dtype) for _ in range(n_layer)]
-        self.n_ctx = n_ctx
-        self.pad_slot: int | None = None    # a spare slot padding rows of a replayed decode step may write
+        self.n_blocks = n_blocks
+        self.block_size = self.n_ctx = block_size
+        self.pad_slot: int | None = None    # a spare block padding rows of a replayed decode step may write
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
-        """Give slot dst the first n positions of slot src (a prompt prefilled once, shared)."""
+        """Give block dst the first n positions of block src (a prefix computed once, shared)."""
         for k, v in zip(self.k, self.v):
             k[dst, :n] = k[src, :n]
             v[dst, :n] = v[src, :n]
@@ -85,6 +95,8 @@ class Backend:
     comm = None      # the tensor-parallel group's communicator (engine/parallel/comm.py); None: one rank
     failure = None   # why this backend can no longer run any step (a tensor-parallel group's lost rank), or None
     supports_moe = False   # implements moe() (mixture-of-experts FFNs)
+    paged_kv = False       # attention reads a sequence's KV positions through its block table (Batch.block_tables);
+                           # else through one block of a whole context per sequence (its seq_id)
 
     def weight(self, info: TensorInfo, data: np.ndarray):
         """A weight tensor (raw GGUF bytes) in whatever form this backend computes with."""
@@ -157,7 +169,9 @@ class Backend:
             k = self.rms_norm(k, k_norm, eps)
         return self.rope(q, positions, inv_freq, neox, mscale), self.rope(k, positions, inv_freq, neox, mscale)
 
-    def kv_cache(self, n_layer: int, n_seq: int, n_ctx: int, n_head_kv: int, head_dim: int):
+    def kv_cache(self, n_layer: int, n_blocks: int, block_size: int, n_head_kv: int, head_dim: int):
+        """A KVCache of n_blocks blocks of block_size positions (a backend without paged_kv: one block per sequence,
+        of the whole context)."""
         raise NotImplementedError
 
     def swiglu(self, gate, up):

@@ -16,6 +16,7 @@ from .base import Backend, Batch, KVCache
 class CPUBackend(Backend):
     name = "cpu"
     supports_moe = True
+    paged_kv = True
 
     def __init__(self, exact: bool = False):
         self.exact = exact
@@ -73,23 +74,30 @@ class CPUBackend(Backend):
             out[..., 1:n_rot:2] = a * sin + b * cos
         return out
 
-    def kv_cache(self, n_layer, n_seq, n_ctx, n_head_kv, head_dim):
-        return KVCache(np, n_layer, n_seq, n_ctx, n_head_kv, head_dim, self.dtype)
+    @property
+    def kv_dtype(self):
+        return self.dtype
+
+    def kv_cache(self, n_layer, n_blocks, block_size, n_head_kv, head_dim):
+        return KVCache(np, n_layer, n_blocks, block_size, n_head_kv, head_dim, self.dtype)
 
     def attention(self, q, k, v, cache, layer, batch: Batch, scale, window, softcap=0.0):
         n, n_head, d = q.shape
         n_kv = k.shape[1]
         group = n_head // n_kv
-        kc, vc = cache.k[layer], cache.v[layer]                     # [n_seq, n_ctx, n_kv, d]
-        kc[batch.seq_ids, batch.positions] = k
-        vc[batch.seq_ids, batch.positions] = v
+        kc, vc = cache.k[layer], cache.v[layer]                     # [n_blocks, block_size, n_kv, d]
+        bs = kc.shape[1]
         out = np.empty((n, n_head, d), self.dtype)
-        for seq, a, b in batch.seq_ranges:
+        for r, (seq, a, b) in enumerate(batch.seq_ranges):
+            table = batch.block_tables[r] if batch.block_tables is not None else np.array([seq])   # its blocks
             pos = batch.positions[a:b]                              # [nq]
+            kc[table[pos // bs], pos % bs] = k[a:b]
+            vc[table[pos // bs], pos % bs] = v[a:b]
             hi = int(pos.max()) + 1
             lo = max(0, int(pos.min()) - window + 1) if window else 0
-            keys = kc[seq, lo:hi].transpose(1, 2, 0)                # [n_kv, d, L]
-            vals = vc[seq, lo:hi].transpose(1, 0, 2)                # [n_kv, L, d]
+            keys, vals = (self._positions(c, table, lo, hi) for c in (kc, vc))     # [L, n_kv, d]
+            keys = keys.transpose(1, 2, 0)                          # [n_kv, d, L]
+            vals = vals.transpose(1, 0, 2)                          # [n_kv, L, d]
             qs = q[a:b].reshape(b - a, n_kv, group, d).transpose(1, 2, 0, 3)   # [n_kv, group, nq, d]
             scores = (qs @ keys[:, None]) * scale                   # [n_kv, group, nq, L]
             if softcap:
@@ -105,6 +113,15 @@ class CPUBackend(Backend):
             o = probs @ vals[:, None]                               # [n_kv, group, nq, d]
             out[a:b] = o.transpose(2, 0, 1, 3).reshape(b - a, n_head, d)
         return out.reshape(n, n_head * d)
+
+    @staticmethod
+    def _positions(cache, table, lo: int, hi: int):
+        """Positions lo..hi-1 of the sequence whose blocks are table: [hi - lo, n_kv, d] (a view within one block)."""
+        bs = cache.shape[1]
+        j0, j1 = lo // bs, (hi - 1) // bs + 1
+        if j1 - j0 == 1:
+            return cache[table[j0], lo - j0 * bs:hi - j0 * bs]
+        return cache[table[j0:j1]].reshape(-1, *cache.shape[2:])[lo - j0 * bs:hi - j0 * bs]
 
     def swiglu(self, gate, up):
         return gate / (1.0 + np.exp(-gate)) * up

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
+
 from ..gguf import GGUFError, GGUFFile, TensorInfo
 from ..quants import UnsupportedTypeError
 from ..parallel.shard import VOCAB_ROWS, Shard
@@ -118,10 +120,15 @@ class Transformer:
     def set_context(self, n_ctx: int) -> None:
         """The context the runtime sizes its cache for (LongRoPE picks its factors by it); before the first forward."""
 
-    def new_cache(self, n_seq: int, n_ctx: int):
-        """The KV cache of this rank's KV heads."""
+    def new_cache(self, n_blocks: int, block_size: int):
+        """The KV cache of this rank's KV heads: n_blocks blocks of block_size positions."""
         c = self.cfg
-        return self.B.kv_cache(c.n_layer, n_seq, n_ctx, len(self.shard.kv_heads), c.head_dim)
+        return self.B.kv_cache(c.n_layer, n_blocks, block_size, len(self.shard.kv_heads), c.head_dim)
+
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes one position of one sequence takes on this rank (keys and values of every layer)."""
+        c = self.cfg
+        return 2 * c.n_layer * len(self.shard.kv_heads) * c.head_dim * np.dtype(self.B.kv_dtype).itemsize
 
 
 __all__ = ["Transformer", "ModelLoadError", "GGUFError"]

@@ -12,7 +12,7 @@ the forward's collectives (engine/parallel/comm.py), and rank 0 gets the whole l
   their rank and receive their job; then they are fed like the local ones, over that connection.
 
     backend, model = load_parallel(gguf, 2, device="cuda")
-    cache = model.new_cache(n_seq, n_ctx)
+    cache = model.new_cache(n_blocks, block_size)
     logits = backend.forward(model, batch, cache)
 """
 from __future__ import annotations
@@ -48,8 +48,8 @@ class RankState:
     def set_context(self, n_ctx):
         self.model.set_context(n_ctx)
 
-    def new_cache(self, n_seq, n_ctx):
-        self.cache = self.model.new_cache(n_seq, n_ctx)
+    def new_cache(self, n_blocks, block_size):
+        self.cache = self.model.new_cache(n_blocks, block_size)
         return self.cache
 
     def forward(self, batch):
@@ -201,8 +201,8 @@ class ParallelModel:
     def set_context(self, n_ctx) -> None:
         self.group.run("set_context", n_ctx)
 
-    def new_cache(self, n_seq: int, n_ctx: int) -> ParallelCache:
-        return ParallelCache(self.group, self.group.run("new_cache", n_seq, n_ctx))
+    def new_cache(self, n_blocks: int, block_size: int) -> ParallelCache:
+        return ParallelCache(self.group, self.group.run("new_cache", n_blocks, block_size))
 
     def __getattr__(self, name):
         return getattr(self.local, name)

@@ -1,0 +1,186 @@
+"""The KV cache's blocks: which are free, which tokens each one holds, how many sequences hold it.
+
+A sequence's KV cache is a list of blocks of `size` positions (its block table); the backend's cache stores every
+block's keys and values ([n_blocks, size, n_kv, head_dim] per layer), and attention reads a sequence's positions
+through its table. A block records the tokens whose keys and values it holds, and the digest of all tokens before
+it, so a new prompt finds the blocks that already hold its prefix:
+
+- a full block is keyed by a digest of every token up to and including it; a prompt walks its full blocks' keys and
+  shares every block it finds (reference counts; a full block is never written again);
+- after the last shared full block, the block holding the most of the prompt's next tokens (same digest before it)
+  is taken over (when nothing else it holds is lost) or copied up to there: the prompt's partial block is its own.
+
+Blocks nobody holds stay cached, least recently released first out (their keys die with their contents). A backend
+whose attention reads one contiguous cache per sequence gets blocks of a whole context: one block per sequence,
+never shared, and prefix caching by copies and take-overs, as before blocks.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict, deque
+
+import numpy as np
+
+KV_BLOCK_SIZE = 16       # positions per block of a paged KV cache
+ROOT = b""               # the digest before a sequence's first token
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray, limit: int) -> int:
+    """How many leading tokens a and b share, at most limit."""
+    m = min(len(a), len(b), limit)
+    if m <= 0:
+        return 0
+    diff = np.flatnonzero(a[:m] != b[:m])
+    return int(diff[0]) if len(diff) else m
+
+
+def block_key(parent: bytes, tokens: np.ndarray) -> bytes:
+    """The digest of a prefix: the one before a block's tokens, then those tokens."""
+    return hashlib.blake2b(parent + np.asarray(tokens, np.int32).tobytes(), digest_size=16).digest()
+
+
+class OutOfBlocks(RuntimeError):
+    pass
+
+
+class BlockManager:
+    """Free lists, reference counts and the contents index of n_blocks KV blocks of `size` positions.
+    caching=False: a released block forgets what it held (no prefix caching)."""
+
+    def __init__(self, n_blocks: int, size: int, caching: bool = True):
+        self.n_blocks, self.size, self.caching = n_blocks, size, caching
+        self.ref = np.zeros(n_blocks, np.int32)                   # [n_blocks] sequences holding each block
+        self.ids = np.zeros((n_blocks, size), np.int32)           # [n_blocks, size] the tokens each block holds
+        self.length = np.zeros(n_blocks, np.int32)                # [n_blocks] how many of them
+        self.parent: list[bytes | None] = [None] * n_blocks       # digest before each block's tokens (None: empty)
+        self.key: list[bytes | None] = [None] * n_blocks          # a full block's digest through its tokens
+        self.full: dict[bytes, int] = {}                          # digest -> a full block holding that prefix
+        self.children: dict[bytes, set[int]] = {}                 # digest -> blocks holding tokens right after it
+        self.empty: deque[int] = deque(range(n_blocks))           # free blocks that hold nothing
+        self.cached: OrderedDict[int, None] = OrderedDict()       # free blocks with contents, least recent first
+
+    # -- free blocks --------------------------------------------------------------------------------------------
+    @property
+    def n_free(self) -> int:
+        """Blocks a sequence can be given (empty, or cached and evicted on the way)."""
+        return len(self.empty) + len(self.cached)
+
+    def next_free(self) -> int:
+        """The block allocate() gives next."""
+        if self.empty:
+            return self.empty[0]
+        if self.cached:
+            return next(iter(self.cached))
+        raise OutOfBlocks("no free KV block")
+
+    def allocate(self) -> int:
+        """A free block, emptied (the least recently released cached one when none is empty), held once."""
+        b = self.next_free()
+        if self.empty and self.empty[0] == b:
+            self.empty.popleft()
+        else:
+            del self.cached[b]
+            self._forget(b)
+        self.ref[b] = 1
+        return b
+
+    def hold(self, b: int) -> None:
+        """One more sequence holds block b (a shared prefix block, or a free one taken over)."""
+        if self.ref[b] == 0:
+            if b in self.cached:
+                del self.cached[b]
+            else:
+                self.empty.remove(b)
+        self.ref[b] += 1
+
+    def release(self, b: int) -> None:
+        """A sequence lets go of block b; nobody holding it, it stays cached with its contents (or is emptied)."""
+        self.ref[b] -= 1
+        if self.ref[b] > 0:
+            return
+        if self.caching and self.length[b] > 0:
+            self.cached[b] = None
+            if self.key[b] is not None:
+                self.full.setdefault(self.key[b], b)      # a copy of an indexed block's prefix: kept findable
+        else:
+            self._forget(b)
+            self.empty.append(b)
+
+    # -- contents -----------------------------------------------------------------------------------------------
+    def _forget(self, b: int) -> None:
+        if self.key[b] is not None and self.full.get(self.key[b]) == b:
+            del self.full[self.key[b]]
+        if self.parent[b] is not None:
+            self.children[self.parent[b]].discard(b)
+            if not self.children[self.parent[b]]:
+                del self.children[self.parent[b]]
+        self.parent[b] = self.key[b] = None
+        self.length[b] = 0
+
+    def write(self, b: int, parent: bytes, start: int, tokens) -> bytes | None:
+        """Block b (held by one sequence) now holds tokens at positions start.. of the block (what it held from start
+        on is gone), after the prefix whose digest is parent -> the block's key once it is full, else None."""
+        end = start + len(tokens)
+        if start < self.length[b] and self.key[b] is not None:          # a full block written over: its key goes
+            self._forget_key(b)
+        if self.parent[b] != parent:
+            self._forget(b)
+            self.parent[b] = parent
+            self.children.setdefault(parent, set()).add(b)
+        self.ids[b, start:end] = tokens
+        self.length[b] = end
+        if end == self.size:
+            key = self.key[b] = block_key(parent, self.ids[b])
+            self.full.setdefault(key, b)
+            return key
+        return None
+
+    def append(self, blocks: np.ndarray, offsets: np.ndarray, tokens: np.ndarray) -> None:
+        """One token more in each of blocks (distinct, each held by one sequence and holding offsets[i] tokens after
+        its digest's prefix): a decode step's, in one go."""
+        self.ids[blocks, offsets] = tokens
+        self.length[blocks] = offsets + 1
+        for b in blocks[offsets + 1 == self.size]:
+            key = self.key[b] = block_key(self.parent[b], self.ids[b])
+            self.full.setdefault(key, int(b))
+
+    def _forget_key(self, b: int) -> None:
+        if self.full.get(self.key[b]) == b:
+            del self.full[self.key[b]]
+        self.key[b] = None
+
+    def copy(self, src: int, dst: int, n: int) -> None:
+        """Block dst (fresh) now holds the first n tokens of block src (the backend's cache copied them)."""
+        self.write(dst, self.parent[src], 0, self.ids[src, :n])
+
+    def truncate(self, b: int, n: int) -> None:
+        """Block b (just taken over) keeps its first n tokens."""
+        if n < self.length[b]:
+            if self.key[b] is not None:
+                self._forget_key(b)
+            self.length[b] = n
+
+    # -- prefixes -----------------------------------------------------------------------------------------------
+    def match(self, tokens: np.ndarray, limit: int) -> tuple[list[int], int, int]:
+        """The cache's longest hold on tokens[:limit] -> (full blocks holding its first len * size tokens, the block
+        holding the most of the next ones (-1: none), how many of them it holds)."""
+        parent, blocks, i = ROOT, [], 0
+        if not self.caching:
+            return blocks, -1, 0
+        while i + self.size <= limit:
+            b = self.full.get(block_key(parent, tokens[i:i + self.size]))
+            if b is None:
+                break
+            blocks.append(b)
+            parent = self.key[b]
+            i += self.size
+        best, best_n = -1, 0
+        for c in self.children.get(parent, ()):
+            n = common_prefix(self.ids[c, :self.length[c]], tokens[i:], limit - i)
+            if n > best_n:
+                best, best_n = c, n
+        return blocks, best, best_n
+
+    def parent_of(self, table: list[int], j: int) -> bytes:
+        """The digest before block j of a sequence's table (its blocks before j are full)."""
+        return ROOT if j == 0 else self.key[table[j - 1]]

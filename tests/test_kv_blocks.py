@@ -1,0 +1,208 @@
+"""The paged KV cache: the block manager, attention through block tables, admission by free blocks, preemption,
+prefix caching across requests."""
+import numpy as np
+import pytest
+
+from engine.kv_blocks import ROOT, BlockManager, block_key
+from engine.runtime import Runtime
+from engine.sampling import SamplingParams
+from engine.scheduler import FinishEvent, Request, Scheduler, TokenEvent
+from tiny_models import N_VOCAB, write_tiny
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return write_tiny(tmp_path_factory.mktemp("kv") / "llama.gguf", "llama")
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
+    return write_tiny(tmp_path_factory.mktemp("kv") / "gemma3.gguf", "gemma3")   # a 16-token sliding window
+
+
+def tokens_of(events):
+    return [e.token for e in events if isinstance(e, TokenEvent)]
+
+
+def run(sched, requests):
+    events = [[] for _ in requests]
+    for r, ev in zip(requests, events):
+        sched.submit(r, ev.append)
+    while sched.step():
+        pass
+    return events
+
+
+def alone(model, prompt, n, **kw):
+    rt = Runtime.load(model, device="cpu", n_ctx=kw.pop("n_ctx", 128))
+    return tokens_of(run(Scheduler(rt), [Request(prompt, SamplingParams(temperature=0), n, ignore_eos=True)])[0])
+
+
+# -- the block manager ---------------------------------------------------------------------------------------------
+def test_blocks_are_reused_least_recently_released_first_and_forget_when_evicted():
+    m = BlockManager(3, 4)
+    a, b, c = m.allocate(), m.allocate(), m.allocate()
+    assert (a, b, c) == (0, 1, 2) and m.n_free == 0
+    ka = m.write(a, ROOT, 0, [1, 2, 3, 4])
+    m.write(b, ka, 0, [5, 6])
+    m.release(b)
+    m.release(a)                                    # a is the most recent: b goes first
+    assert m.n_free == 2 and m.next_free() == b
+    assert m.match(np.array([1, 2, 3, 4, 5, 6, 7]), 7) == ([a], b, 2)
+    assert m.allocate() == b and m.match(np.array([1, 2, 3, 4, 5, 6, 7]), 7) == ([a], -1, 0)   # b's tokens gone
+    m.hold(a)                                       # shared again: out of the free list
+    assert m.n_free == 0 and m.ref[a] == 1
+
+
+def test_match_walks_full_blocks_by_digest_and_respects_the_limit():
+    m = BlockManager(4, 2)
+    t = np.array([7, 8, 9, 10, 11])
+    b0, b1, b2 = m.allocate(), m.allocate(), m.allocate()
+    k0 = m.write(b0, ROOT, 0, t[:2])
+    k1 = m.write(b1, k0, 0, t[2:4])
+    m.write(b2, k1, 0, t[4:5])
+    assert k1 == block_key(block_key(ROOT, t[:2]), t[2:4])
+    assert m.match(t, 5) == ([b0, b1], b2, 1)
+    assert m.match(t, 4) == ([b0, b1], -1, 0)       # the limit stops before the partial block
+    assert m.match(t, 3) == ([b0], b1, 1)           # a full block matched in part
+    assert m.match(np.array([7, 0, 9]), 3) == ([], b0, 1)
+    assert m.match(np.array([10, 11]), 2) == ([], -1, 0)      # the same tokens after another prefix: no match
+
+
+def test_without_caching_a_released_block_forgets():
+    m = BlockManager(2, 2, caching=False)
+    b = m.allocate()
+    m.write(b, ROOT, 0, [1, 2])
+    m.release(b)
+    assert m.match(np.array([1, 2, 3]), 3) == ([], -1, 0) and m.n_free == 2
+
+
+# -- attention through block tables --------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_scattered_blocks_equal_contiguous_ones(model, gemma, arch):
+    """The same prompt and decode steps through a shuffled block table give the logits of the static one."""
+    path = model if arch == "llama" else gemma
+    rng = np.random.default_rng()
+    prompt = rng.integers(0, N_VOCAB, 45).tolist()
+    out = []
+    for tables in (None, {0: rng.permutation(8)[:4].tolist()}):
+        rt = Runtime.load(path, device="cpu", n_ctx=64, n_seq=2)
+        assert rt.block_size < rt.n_ctx and rt.n_blocks == 8
+        first = rt.forward(prompt, list(range(45)), [0] * 45, list(range(45)), tables)
+        step = rt.forward([3], [45], [0], [0], tables)
+        out.append(np.concatenate([first, step]))
+    np.testing.assert_allclose(out[0], out[1], rtol=0, atol=1e-6)
+
+
+# -- the scheduler on blocks ---------------------------------------------------------------------------------------
+def kv_bytes(rt, positions):
+    return positions * rt.model.kv_bytes_per_token()
+
+
+def test_more_sequences_than_whole_contexts_fit(model):
+    """In the KV memory of 2 whole 128-token contexts, 8 sequences of ~30 tokens run at once (slots, not memory,
+    the limit), with 0 errors and each one's greedy tokens equal to its run alone."""
+    rng = np.random.default_rng()
+    prompts = [rng.integers(0, N_VOCAB, int(n)).tolist() for n in rng.integers(10, 20, 8)]
+    probe = Runtime.load(model, device="cpu", n_ctx=128)
+    rt = Runtime.load(model, device="cpu", n_ctx=128, n_seq=8, kv_memory=kv_bytes(probe, 2 * 128))
+    assert rt.n_blocks == 2 * 128 // rt.block_size
+    sched = Scheduler(rt, 64)
+    reqs = [Request(p, SamplingParams(temperature=0), 12, ignore_eos=True) for p in prompts]
+    events = [[] for _ in reqs]
+    for r, ev in zip(reqs, events):
+        sched.submit(r, ev.append)
+    sched.step()
+    assert len(sched.prefilling) + len(sched.running) == 8          # all admitted in one step
+    while sched.step():
+        pass
+    assert all(isinstance(ev[-1], FinishEvent) and ev[-1].reason == "length" for ev in events)
+    assert [tokens_of(ev) for ev in events] == [alone(model, p, 12) for p in prompts]
+    assert sched.stats.preemptions == 0 and sched.blocks.n_free == rt.n_blocks
+
+
+def test_preempted_sequences_resume_with_the_same_tokens(model):
+    """Six sequences that outgrow the memory: the last admitted are preempted, recomputed from their cache and go on
+    where they were; greedy and seeded sampled tokens equal those of a run with room for all, and every block is
+    free at the end."""
+    rng = np.random.default_rng()
+    prompts = [rng.integers(0, N_VOCAB, 20).tolist() for _ in range(6)]
+    params = [SamplingParams(temperature=0) if i % 2 else SamplingParams(temperature=0.9, seed=i)
+              for i in range(6)]
+    results = []
+    for positions in (6 * 128, 160):                # float64: recomputing cannot tip a near tie
+        probe = Runtime.load(model, device="cpu", n_ctx=128, exact=True)
+        rt = Runtime.load(model, device="cpu", n_ctx=128, n_seq=6, exact=True, kv_memory=kv_bytes(probe, positions))
+        sched = Scheduler(rt, 32)
+        events = run(sched, [Request(p, sp, 40, ignore_eos=True) for p, sp in zip(prompts, params)])
+        assert all(ev[-1].reason == "length" and ev[-1].completion_tokens == 40 for ev in events)
+        results.append(([tokens_of(ev) for ev in events], sched.stats.preemptions))
+        assert sched.blocks.n_free == rt.n_blocks and sorted(sched.free_slots) == list(range(6))
+    (roomy, none), (tight, some) = results
+    assert none == 0 and some > 0
+    assert tight == roomy
+
+
+def test_a_request_waits_for_blocks_in_order(model):
+    """With blocks for one prompt at a time, the second request waits (FIFO) until the first frees its blocks."""
+    rng = np.random.default_rng()
+    probe = Runtime.load(model, device="cpu", n_ctx=64)
+    rt = Runtime.load(model, device="cpu", n_ctx=64, n_seq=3, kv_memory=kv_bytes(probe, 64))
+    sched = Scheduler(rt, 64, prefix_cache=False)
+    first, second = [], []
+    sched.submit(Request(rng.integers(0, N_VOCAB, 50).tolist(), max_tokens=4, ignore_eos=True), first.append)
+    sched.submit(Request(rng.integers(0, N_VOCAB, 40).tolist(), max_tokens=4, ignore_eos=True), second.append)
+    sched.step()
+    assert len(sched.running) == 1 and sched.queue_length == 1
+    while sched.step():
+        pass
+    assert first[-1].reason == second[-1].reason == "length"
+
+
+def test_shared_system_prompt_is_computed_once(model):
+    """32 requests with one 200-token system prompt and 20-token questions, 8 at a time: the prompt's full blocks are
+    prefilled once and shared by the rest (stats, usage), and the greedy tokens equal those with the cache off."""
+    rng = np.random.default_rng()
+    system = rng.integers(0, N_VOCAB, 200).tolist()
+    prompts = [system + [i] + rng.integers(0, N_VOCAB, 19).tolist() for i in range(32)]   # they part at token 200
+    out = {}
+    for cache in (True, False):
+        rt = Runtime.load(model, device="cpu", n_ctx=256, n_seq=8)
+        sched = Scheduler(rt, 256, prefix_cache=cache)
+        events = run(sched, [Request(p, SamplingParams(temperature=0), 4, ignore_eos=True) for p in prompts])
+        out[cache] = [tokens_of(ev) for ev in events]
+        cached = [ev[0].cached_tokens for ev in events]
+        if cache:                                   # full blocks shared, the partial one's 200 % 16 tokens copied
+            assert cached == [0] + [200] * 31 and sched.stats.prefix_cache_hits == 31
+            assert sched.stats.prompt_tokens_total - sched.stats.prompt_tokens_cached == 200 + 32 * 20
+        else:
+            assert cached == [0] * 32 and sched.stats.prompt_tokens_cached == 0
+    assert out[True] == out[False]
+
+
+def test_kv_memory_errors(model, monkeypatch):
+    probe = Runtime.load(model, device="cpu", n_ctx=128)
+    with pytest.raises(ValueError, match="fewer than one sequence's context of 128"):
+        Runtime.load(model, device="cpu", n_ctx=128, kv_memory=kv_bytes(probe, 100))
+    from engine.backends.cpu import CPUBackend
+    monkeypatch.setattr(CPUBackend, "paged_kv", False)
+    rt = Runtime.load(model, device="cpu", n_ctx=128, n_seq=3)
+    assert (rt.block_size, rt.n_blocks) == (128, 3)               # one whole-context block per sequence
+    with pytest.raises(ValueError, match="one contiguous KV cache per sequence"):
+        Runtime.load(model, device="cpu", n_ctx=128, kv_memory=kv_bytes(probe, 1024))
+
+
+def test_whole_context_blocks_keep_prefix_caching(model, monkeypatch):
+    """A backend without block tables (the CUDA backend's attention today): one block per sequence, a finished
+    request's block taken over or copied by the next prompt sharing its prefix, tokens unchanged."""
+    from engine.backends.cpu import CPUBackend
+    monkeypatch.setattr(CPUBackend, "paged_kv", False)
+    rng = np.random.default_rng()
+    system = rng.integers(0, N_VOCAB, 40).tolist()
+    prompts = [system + rng.integers(0, N_VOCAB, 5).tolist() for _ in range(3)]
+    rt = Runtime.load(model, device="cpu", n_ctx=128, n_seq=2)
+    sched = Scheduler(rt, 64)
+    events = [run(sched, [Request(p, SamplingParams(temperature=0), 4, ignore_eos=True)])[0] for p in prompts]
+    assert [ev[0].cached_tokens for ev in events] == [0, 40, 40]
+    monkeypatch.undo()
+    assert [tokens_of(ev) for ev in events] == [alone(model, p, 4) for p in prompts]
