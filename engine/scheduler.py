@@ -239,8 +239,8 @@ class Scheduler:
 
     def _reserve(self) -> int:
         """Free blocks admission leaves alone: the watermark, and one for each decoding sequence about to start
-        a block."""
-        if not self.paged:
+        a block (none while no sequence is in: a prompt that fits the whole cache is let in)."""
+        if not self.paged or not (self.running or self.prefilling):
             return 0
         bs = self.block_size
         return self.watermark + sum(s.pos == len(s.blocks) * bs for s in self.running)

@@ -159,6 +159,16 @@ def test_a_request_waits_for_blocks_in_order(model):
     assert first[-1].reason == second[-1].reason == "length"
 
 
+def test_a_prompt_filling_the_whole_cache_is_admitted(model):
+    """A cache of exactly one context (100 blocks: a watermark of one) still takes a prompt that needs all of it."""
+    probe = Runtime.load(model, device="cpu", n_ctx=1600)
+    rt = Runtime.load(model, device="cpu", n_ctx=1600, kv_memory=kv_bytes(probe, 1600))
+    assert rt.n_blocks == 100 and Scheduler(rt).watermark == 1
+    prompt = np.random.default_rng().integers(0, N_VOCAB, 1590).tolist()
+    events = run(Scheduler(rt, 512), [Request(prompt, max_tokens=5, ignore_eos=True)])[0]
+    assert events[-1].reason == "length" and events[-1].completion_tokens == 5
+
+
 def test_shared_system_prompt_is_computed_once(model):
     """32 requests with one 200-token system prompt and 20-token questions, 8 at a time: the prompt's full blocks are
     prefilled once and shared by the rest (stats, usage), and the greedy tokens equal those with the cache off."""
