@@ -20,9 +20,12 @@ MAX_ERROR_CHARS = 300
 
 
 def add_gpu_flags(s) -> None:
-    """--kv-f32, --eager, --mul-mat-path, --decode-activations and --tensor-parallel, the GPU settings generate, bench
-    and serve take."""
+    """--kv-f32, --kv-type, --eager, --mul-mat-path, --decode-activations and --tensor-parallel, the cache and GPU
+    settings generate, bench and serve take."""
     s.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
+    s.add_argument("--kv-type", default=None, choices=("f16", "q8_0"),
+                   help="the CPU backend's KV cache in f16, or in llama.cpp's q8_0 blocks (-ctk/-ctv q8_0), instead "
+                        "of f32")
     s.add_argument("--eager", action="store_true", help="no CUDA graphs: launch every kernel of every step")
     s.add_argument("--mul-mat-path", default=None, choices=MUL_MAT_PATHS,
                    help="every mul_mat through this kernel path where it takes the shape (default: the dispatch chain)")
@@ -157,7 +160,7 @@ def _load_for_sampling(args, model: str | None):
     if args.n < -1:
         raise ValueError("-n must be >= 0, or -1 (until the end of generation or the context)")
     rt = Runtime.load(model, device=args.device, n_ctx=args.ctx, n_ubatch=args.ubatch, kv_f32=args.kv_f32,
-                      cuda=_cuda_config(args), tensor_parallel=_parallel(args))
+                      kv_type=args.kv_type, cuda=_cuda_config(args), tensor_parallel=_parallel(args))
     params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             repeat_penalty=args.repeat_penalty, seed=args.seed)
     return rt, params, (args.n if args.n >= 0 else rt.n_ctx)
@@ -290,7 +293,7 @@ def cmd_serve(args) -> int:
             return _fail(f"--{name.replace('_', '-')} must be >= {0 if name == 'max_queue' else 1}")
     core = CoreConfig(model, device=args.device, n_parallel=args.parallel, n_ctx=args.ctx, n_ubatch=args.ubatch,
                       max_batch_tokens=args.max_batch_tokens, kv_f32=args.kv_f32, prefix_cache=args.prefix_cache,
-                      kv_memory=None if args.kv_memory is None else args.kv_memory * 2**30,
+                      kv_memory=None if args.kv_memory is None else args.kv_memory * 2**30, kv_type=args.kv_type,
                       cuda=_cuda_config(args), tensor_parallel=_parallel(args))
     cfg = ServerConfig(core, api_key=_api_key(args), model_id=args.model if args.model in hub.MODELS else None,
                        max_body_bytes=int(args.max_body_mb * (1 << 20)), max_queue=args.max_queue,
@@ -361,7 +364,7 @@ def cmd_bench(args) -> int:
 
     n_ctx = max(args.p, args.n) + 16
     rt = Runtime.load(args.model, device=args.device, n_ctx=n_ctx, n_ubatch=args.ubatch, kv_f32=args.kv_f32,
-                      cuda=_cuda_config(args), tensor_parallel=_parallel(args))
+                      kv_type=args.kv_type, cuda=_cuda_config(args), tensor_parallel=_parallel(args))
     rows = run_bench(rt, args.p, args.n, args.r)
     tp = f" tp{rt.tensor_parallel}" if rt.tensor_parallel > 1 else ""
     print(format_table(Path(rt.gguf.path).name, rt.backend.name + tp, rows, args.ubatch))

@@ -59,9 +59,10 @@ class Generation:
 class Runtime:
     def __init__(self, gguf: GGUFFile, device: str = "auto", n_ctx: int | None = None,
                  n_ubatch: int = DEFAULT_UBATCH, exact: bool = False, n_seq: int = 1, kv_f32: bool = False,
-                 cuda=None, tensor_parallel=1, kv_memory: float | None = None):
+                 cuda=None, tensor_parallel=1, kv_memory: float | None = None, kv_type: str | None = None):
         """n_seq: the sequences that can be in flight at once. kv_memory: bytes of KV cache (a paged cache's blocks;
-        None: enough for n_seq whole contexts)."""
+        None: enough for n_seq whole contexts). kv_type: the cache's type when not the backend's own (f32 on the
+        CPU, f16 on the GPU): one of the backend's kv_types."""
         self.gguf = gguf
         model_class(gguf)                          # an unsupported architecture is the first thing to say
         self.tokenizer = Tokenizer(gguf)
@@ -84,8 +85,13 @@ class Runtime:
         self.model.set_context(self.n_ctx)
         self.n_ubatch = n_ubatch
         self.n_seq = n_seq
+        if kv_type is not None and kv_type not in self.backend.kv_types:
+            offered = ", ".join(self.backend.kv_types) or "none"
+            raise ValueError(f"the {self.backend.name} backend's KV cache cannot be {kv_type} (other types it offers: "
+                             f"{offered})")
+        self.kv_type = kv_type
         self._size_cache(kv_memory)
-        self.cache = self.model.new_cache(self.n_blocks, self.block_size)
+        self.cache = self.model.new_cache(self.n_blocks, self.block_size, kv_type)
 
     def _size_cache(self, kv_memory: float | None) -> None:
         """Blocks of KV_BLOCK_SIZE positions on a paged backend, else one block of the whole context per sequence;
@@ -100,7 +106,7 @@ class Runtime:
             raise ValueError(f"the {self.backend.name} backend's attention reads one contiguous KV cache per sequence, "
                              f"sized by the parallel sequences and the context; a KV memory size needs a paged cache "
                              f"(the cpu backend)")
-        per_block = self.block_size * self.model.kv_bytes_per_token()
+        per_block = self.block_size * self.model.kv_bytes_per_token(self.kv_type)
         self.n_blocks = int(kv_memory // per_block)
         if self.n_blocks < self.blocks_per_seq:
             raise ValueError(f"a KV memory of {kv_memory / 2**30:.4g} GiB holds {self.n_blocks * self.block_size} "

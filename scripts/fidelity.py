@@ -3,7 +3,7 @@
 
     python scripts/fidelity.py --model smollm2-135m --tokens tests/data/llamacpp/apache.smol.tokens \
         --ref tests/data/llamacpp/apache.smol.cpu.lp16.bin [--device cpu|cuda] [--exact] [--decode] \
-        [--decode-activations q16|q8_1] [--out OUT.lp16.bin]
+        [--decode-activations q16|q8_1] [--kv-type f16|q8_0] [--out OUT.lp16.bin]
 
 --decode runs the text one token per step through the decode path (as generation does) instead of in ubatches.
 
@@ -39,16 +39,17 @@ def main(argv=None):
     ap.add_argument("--decode", action="store_true", help="one token per step through the decode path")
     ap.add_argument("--decode-activations", default="q8_1", choices=("q8_1", "q16"),
                     help="the CUDA decode path's activations (engine generate's flag)")
+    ap.add_argument("--kv-type", default=None, choices=("f16", "q8_0"), help="the CPU backend's KV cache type")
     ap.add_argument("--out", help="write the engine's log-probs here")
     args = ap.parse_args(argv)
     tokens = [int(x) for x in Path(args.tokens).read_text().split()]
     cuda = CudaConfig(exact_decode=args.decode_activations == "q16") if args.device == "cuda" else None
     rt = Runtime.load(args.model, device=args.device, exact=args.exact, n_ctx=max(len(tokens), 512),
-                      n_ubatch=args.ubatch, cuda=cuda)
+                      n_ubatch=args.ubatch, cuda=cuda, kv_type=args.kv_type)
     t0 = time.perf_counter()
     top = decode_logprobs(rt, tokens) if args.decode else teacher_forced(rt, tokens)
     result = {"model": args.model, "device": rt.backend.name, "exact": args.exact, "positions": len(tokens),
-              "decode": args.decode, "seconds": round(time.perf_counter() - t0, 2)}
+              "decode": args.decode, "kv_type": args.kv_type or "backend's", "seconds": round(time.perf_counter() - t0, 2)}
     if args.decode and args.device == "cuda":
         result["decode_activations"] = args.decode_activations
     if args.out:

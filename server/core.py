@@ -31,6 +31,7 @@ class CoreConfig:
     warmup: bool = True
     prefix_cache: bool = True
     kv_memory: float | None = None             # bytes of KV cache (a paged cache; None: n_parallel whole contexts)
+    kv_type: str | None = None                 # the KV cache's type when not the backend's (Runtime's kv_type)
     cuda: object = None                        # engine.cuda.config.CudaConfig (None: the defaults)
     tensor_parallel: object = 1                # ranks the model is split over: a count or a ParallelConfig
 
@@ -96,7 +97,8 @@ class EngineCore:
         n_seq = cfg.n_parallel or default_parallel(cfg)
         self.rt = Runtime.load(cfg.model, device=cfg.device, n_ctx=cfg.n_ctx, n_seq=n_seq,
                                n_ubatch=cfg.n_ubatch, kv_f32=cfg.kv_f32, cuda=cfg.cuda,
-                               tensor_parallel=cfg.tensor_parallel, kv_memory=cfg.kv_memory)
+                               tensor_parallel=cfg.tensor_parallel, kv_memory=cfg.kv_memory,
+                               kv_type=cfg.kv_type)
         self.sched = Scheduler(self.rt, cfg.max_batch_tokens, cfg.prefix_cache)
         self.seq_of: dict[int, int] = {}          # request id -> scheduler sequence id
         self.events: list[Event] = []

@@ -216,3 +216,70 @@ def test_whole_context_blocks_keep_prefix_caching(model, monkeypatch):
     assert [ev[0].cached_tokens for ev in events] == [0, 40, 40]
     monkeypatch.undo()
     assert [tokens_of(ev) for ev in events] == [alone(model, p, 4) for p in prompts]
+
+
+# -- the cache's type ----------------------------------------------------------------------------------------------
+def test_q8_0_quantizer_equals_gguf():
+    """The q8_0 KV cache rounds as GGML's q8_0 blocks do (the gguf package's quantizer), bit for bit."""
+    from gguf import GGMLQuantizationType as GT
+    from gguf import quants as gq
+
+    from engine.backends.cpu import dequantize_q8_0, quantize_q8_0
+    rng = np.random.default_rng()
+    x = (rng.standard_normal((9, 128)) * rng.uniform(0.01, 20, (9, 1))).astype(np.float32)
+    x[0, :32] = 0                                            # a block of zeros: scale 0
+    x[1, :32] = 127 * 0.5 / 127 * np.sign(rng.standard_normal(32))   # exact halves: rounding away from zero
+    blocks = gq.quantize(x, GT.Q8_0).reshape(9, 4, 34)
+    q, scale = quantize_q8_0(x)
+    assert np.array_equal(q.reshape(9, 4, 32), blocks[..., 2:].view(np.int8))
+    assert np.array_equal(scale.view(np.uint16), blocks[..., :2].copy().view(np.uint16)[..., 0])
+    back = dequantize_q8_0(q, scale, np.float32)
+    assert np.abs(back - x).max() <= np.abs(x).max() / 127 * 0.51 + 1e-3
+
+
+def kl(p_logits, q_logits):
+    lp = p_logits - np.logaddexp.reduce(p_logits, axis=-1, keepdims=True)
+    lq = q_logits - np.logaddexp.reduce(q_logits, axis=-1, keepdims=True)
+    return float((np.exp(lp) * (lp - lq)).sum(axis=-1).mean())
+
+
+def forced(path, tokens, n_prefill, kv_type, n_ctx=128):
+    """Logits of tokens teacher-forced: the first n_prefill in one prefill, the rest one decode step each."""
+    rt = Runtime.load(path, device="cpu", n_ctx=n_ctx, kv_type=kv_type)
+    first = rt.prefill(tokens[:n_prefill], all_logits=True)
+    steps = [rt.decode([0], [t], [n_prefill + i]) for i, t in enumerate(tokens[n_prefill:])]
+    return np.concatenate([first, *steps])
+
+
+def test_smaller_kv_types_cost_fidelity_in_order_and_hold_more(model):
+    """On the tiny model, teacher-forced through a prefill and decode steps: an f16 cache is nearer the f32 one than
+    a q8_0 cache is, neither equals it; the same KV memory holds 2x / 3.8x the blocks."""
+    tokens = np.random.default_rng().integers(0, N_VOCAB, 68).tolist()
+    f32, f16, q8 = (forced(model, tokens, 60, t) for t in (None, "f16", "q8_0"))
+    assert 0 < kl(f32, f16) < kl(f32, q8) < 0.5
+    probe = Runtime.load(model, device="cpu", n_ctx=128)
+    memory = kv_bytes(probe, 1024)
+    for kv_type, per_value in (("f16", 2), ("q8_0", 34 / 32)):
+        small = Runtime.load(model, device="cpu", n_ctx=128, kv_type=kv_type, kv_memory=memory)
+        assert small.n_blocks == int(memory // (small.block_size * small.model.kv_bytes_per_token(kv_type)))
+        assert small.n_blocks / (1024 // small.block_size) == pytest.approx(4 / per_value, rel=0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key, name", [("smol", "smollm2-135m"), ("gemma", "gemma3-270m")])
+def test_smaller_kv_types_on_the_real_models(model_path, key, name):
+    """The first 300 tokens of the Apache text, teacher-forced (256 prefilled, 44 decode steps): KL to the f32 cache
+    at most 1e-4 with f16 and 5e-3 with q8_0 (over the whole text against the exact path: 1e-5 and 0.0014 on
+    SmolLM2; BENCHMARKS.md)."""
+    from conftest import GOLDEN
+    model_path(key)
+    tokens = [int(t) for t in (GOLDEN / f"apache.{key}.tokens").read_text().split()][:300]
+    f32, f16, q8 = (forced(name, tokens, 256, t, n_ctx=512) for t in (None, "f16", "q8_0"))
+    assert kl(f32, f16) <= 1e-4 and kl(f32, q8) <= 5e-3
+
+
+def test_kv_type_the_backend_does_not_offer(model, monkeypatch):
+    from engine.backends.cpu import CPUBackend
+    monkeypatch.setattr(CPUBackend, "kv_types", ())
+    with pytest.raises(ValueError, match="cannot be q8_0"):
+        Runtime.load(model, device="cpu", n_ctx=64, kv_type="q8_0")

@@ -85,6 +85,25 @@ class KVCache:
             k[dst, :n] = k[src, :n]
             v[dst, :n] = v[src, :n]
 
+    def store(self, layer: int, blocks, offsets, k, v) -> None:
+        """Keys and values [n, n_head_kv, head_dim] at (blocks[i], offsets[i])."""
+        self.k[layer][blocks, offsets] = k
+        self.v[layer][blocks, offsets] = v
+
+    def read(self, layer: int, table, lo: int, hi: int, dtype) -> tuple:
+        """Positions lo..hi-1 of the sequence whose blocks are table -> keys, values [hi - lo, n_head_kv, head_dim]
+        of dtype (views when they lie in one block and the cache has that dtype)."""
+        return tuple(block_positions(c[layer], table, lo, hi).astype(dtype, copy=False) for c in (self.k, self.v))
+
+
+def block_positions(cache, table, lo: int, hi: int):
+    """Positions lo..hi-1 of a sequence's blocks (table) in a cache [n_blocks, block_size, ...]."""
+    bs = cache.shape[1]
+    j0, j1 = lo // bs, (hi - 1) // bs + 1
+    if j1 - j0 == 1:
+        return cache[table[j0], lo - j0 * bs:hi - j0 * bs]
+    return cache[table[j0:j1]].reshape(-1, *cache.shape[2:])[lo - j0 * bs:hi - j0 * bs]
+
 
 WARM_UP_CHUNK = 32     # prefill rows of a warm-up step
 
@@ -95,6 +114,7 @@ class Backend:
     comm = None      # the tensor-parallel group's communicator (engine/parallel/comm.py); None: one rank
     failure = None   # why this backend can no longer run any step (a tensor-parallel group's lost rank), or None
     supports_moe = False   # implements moe() (mixture-of-experts FFNs)
+    kv_types: tuple = ()   # KV-cache types it can hold besides its own (Runtime's kv_type)
     paged_kv = False       # attention reads a sequence's KV positions through its block table (Batch.block_tables);
                            # else through one block of a whole context per sequence (its seq_id)
 
@@ -169,9 +189,9 @@ class Backend:
             k = self.rms_norm(k, k_norm, eps)
         return self.rope(q, positions, inv_freq, neox, mscale), self.rope(k, positions, inv_freq, neox, mscale)
 
-    def kv_cache(self, n_layer: int, n_blocks: int, block_size: int, n_head_kv: int, head_dim: int):
+    def kv_cache(self, n_layer: int, n_blocks: int, block_size: int, n_head_kv: int, head_dim: int, **kv_type):
         """A KVCache of n_blocks blocks of block_size positions (a backend without paged_kv: one block per sequence,
-        of the whole context)."""
+        of the whole context); kv_type="..." one of kv_types."""
         raise NotImplementedError
 
     def swiglu(self, gate, up):

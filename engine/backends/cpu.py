@@ -10,13 +10,63 @@ import numpy as np
 
 from ..gguf import TensorInfo
 from ..quants import dequantize
-from .base import Backend, Batch, KVCache
+from .base import Backend, Batch, KVCache, block_positions
+
+Q8_0_GROUP = 32          # values per q8_0 scale (GGML's block)
+
+
+def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x [..., d] (d a multiple of 32) -> (int8 [..., d], f16 scales [..., d // 32]): GGML's q8_0 rounding (scale
+    max|x| / 127, values rounded half away from zero with the f32 scale, the scale stored as f16)."""
+    g = x.astype(np.float32).reshape(*x.shape[:-1], -1, Q8_0_GROUP)
+    scale = np.abs(g).max(axis=-1, keepdims=True) / np.float32(127)
+    inv = np.divide(np.float32(1), scale, out=np.zeros_like(scale), where=scale != 0)
+    y = g * inv
+    q = np.trunc(y + np.copysign(np.float32(0.5), y)).astype(np.int8)
+    return q.reshape(x.shape), scale[..., 0].astype(np.float16)
+
+
+def dequantize_q8_0(q: np.ndarray, scale: np.ndarray, dtype) -> np.ndarray:
+    """(int8 [..., d], f16 [..., d // 32]) -> [..., d] of dtype."""
+    g = q.reshape(*q.shape[:-1], -1, Q8_0_GROUP).astype(dtype) * scale[..., None].astype(dtype)
+    return g.reshape(q.shape)
+
+
+class Q8KVCache(KVCache):
+    """Keys and values in GGML's q8_0 blocks (llama.cpp's -ctk/-ctv q8_0): int8 values [n_blocks, block_size,
+    n_head_kv, head_dim] and f16 scales [n_blocks, block_size, n_head_kv, head_dim // 32] per layer."""
+
+    def __init__(self, n_layer, n_blocks, block_size, n_head_kv, head_dim):
+        if head_dim % Q8_0_GROUP:
+            raise ValueError(f"a q8_0 KV cache needs a head dimension that is a multiple of {Q8_0_GROUP} "
+                             f"(this model's is {head_dim})")
+        super().__init__(np, n_layer, n_blocks, block_size, n_head_kv, head_dim, np.int8)
+        shape = (n_blocks, block_size, n_head_kv, head_dim // Q8_0_GROUP)
+        self.k_scale = [np.zeros(shape, np.float16) for _ in range(n_layer)]
+        self.v_scale = [np.zeros(shape, np.float16) for _ in range(n_layer)]
+
+    def copy_prefix(self, src, dst, n):
+        super().copy_prefix(src, dst, n)
+        for k, v in zip(self.k_scale, self.v_scale):
+            k[dst, :n] = k[src, :n]
+            v[dst, :n] = v[src, :n]
+
+    def store(self, layer, blocks, offsets, k, v):
+        for values, scales, x in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
+            q, s = quantize_q8_0(x)
+            values[layer][blocks, offsets] = q
+            scales[layer][blocks, offsets] = s
+
+    def read(self, layer, table, lo, hi, dtype):
+        return tuple(dequantize_q8_0(block_positions(values[layer], table, lo, hi), block_positions(scales[layer], table, lo, hi),
+                                     dtype) for values, scales in ((self.k, self.k_scale), (self.v, self.v_scale)))
 
 
 class CPUBackend(Backend):
     name = "cpu"
     supports_moe = True
     paged_kv = True
+    kv_types = ("f16", "q8_0")
 
     def __init__(self, exact: bool = False):
         self.exact = exact
@@ -78,24 +128,25 @@ class CPUBackend(Backend):
     def kv_dtype(self):
         return self.dtype
 
-    def kv_cache(self, n_layer, n_blocks, block_size, n_head_kv, head_dim):
-        return KVCache(np, n_layer, n_blocks, block_size, n_head_kv, head_dim, self.dtype)
+    def kv_cache(self, n_layer, n_blocks, block_size, n_head_kv, head_dim, kv_type=None):
+        if kv_type == "q8_0":
+            return Q8KVCache(n_layer, n_blocks, block_size, n_head_kv, head_dim)
+        dtype = np.float16 if kv_type == "f16" else self.dtype
+        return KVCache(np, n_layer, n_blocks, block_size, n_head_kv, head_dim, dtype)
 
     def attention(self, q, k, v, cache, layer, batch: Batch, scale, window, softcap=0.0):
         n, n_head, d = q.shape
         n_kv = k.shape[1]
         group = n_head // n_kv
-        kc, vc = cache.k[layer], cache.v[layer]                     # [n_blocks, block_size, n_kv, d]
-        bs = kc.shape[1]
+        bs = cache.block_size
         out = np.empty((n, n_head, d), self.dtype)
         for r, (seq, a, b) in enumerate(batch.seq_ranges):
             table = batch.block_tables[r] if batch.block_tables is not None else np.array([seq])   # its blocks
             pos = batch.positions[a:b]                              # [nq]
-            kc[table[pos // bs], pos % bs] = k[a:b]
-            vc[table[pos // bs], pos % bs] = v[a:b]
+            cache.store(layer, table[pos // bs], pos % bs, k[a:b], v[a:b])
             hi = int(pos.max()) + 1
             lo = max(0, int(pos.min()) - window + 1) if window else 0
-            keys, vals = (self._positions(c, table, lo, hi) for c in (kc, vc))     # [L, n_kv, d]
+            keys, vals = cache.read(layer, table, lo, hi, self.dtype)           # [L, n_kv, d]
             keys = keys.transpose(1, 2, 0)                          # [n_kv, d, L]
             vals = vals.transpose(1, 0, 2)                          # [n_kv, L, d]
             qs = q[a:b].reshape(b - a, n_kv, group, d).transpose(1, 2, 0, 3)   # [n_kv, group, nq, d]
@@ -113,15 +164,6 @@ class CPUBackend(Backend):
             o = probs @ vals[:, None]                               # [n_kv, group, nq, d]
             out[a:b] = o.transpose(2, 0, 1, 3).reshape(b - a, n_head, d)
         return out.reshape(n, n_head * d)
-
-    @staticmethod
-    def _positions(cache, table, lo: int, hi: int):
-        """Positions lo..hi-1 of the sequence whose blocks are table: [hi - lo, n_kv, d] (a view within one block)."""
-        bs = cache.shape[1]
-        j0, j1 = lo // bs, (hi - 1) // bs + 1
-        if j1 - j0 == 1:
-            return cache[table[j0], lo - j0 * bs:hi - j0 * bs]
-        return cache[table[j0:j1]].reshape(-1, *cache.shape[2:])[lo - j0 * bs:hi - j0 * bs]
 
     def swiglu(self, gate, up):
         return gate / (1.0 + np.exp(-gate)) * up

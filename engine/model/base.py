@@ -10,6 +10,8 @@ from ..quants import UnsupportedTypeError
 from ..parallel.shard import VOCAB_ROWS, Shard
 from .config import ModelConfig
 
+KV_TYPE_BYTES = {"f16": 2, "q8_0": 34 / 32}     # bytes per cached value of each KV type a backend may offer
+
 
 class ModelLoadError(ValueError):
     pass
@@ -120,15 +122,18 @@ class Transformer:
     def set_context(self, n_ctx: int) -> None:
         """The context the runtime sizes its cache for (LongRoPE picks its factors by it); before the first forward."""
 
-    def new_cache(self, n_blocks: int, block_size: int):
-        """The KV cache of this rank's KV heads: n_blocks blocks of block_size positions."""
+    def new_cache(self, n_blocks: int, block_size: int, kv_type: str | None = None):
+        """The KV cache of this rank's KV heads: n_blocks blocks of block_size positions, of the backend's type or
+        kv_type (one of its kv_types)."""
         c = self.cfg
-        return self.B.kv_cache(c.n_layer, n_blocks, block_size, len(self.shard.kv_heads), c.head_dim)
+        kw = {} if kv_type is None else {"kv_type": kv_type}
+        return self.B.kv_cache(c.n_layer, n_blocks, block_size, len(self.shard.kv_heads), c.head_dim, **kw)
 
-    def kv_bytes_per_token(self) -> int:
+    def kv_bytes_per_token(self, kv_type: str | None = None) -> float:
         """KV-cache bytes one position of one sequence takes on this rank (keys and values of every layer)."""
         c = self.cfg
-        return 2 * c.n_layer * len(self.shard.kv_heads) * c.head_dim * np.dtype(self.B.kv_dtype).itemsize
+        per_value = KV_TYPE_BYTES[kv_type] if kv_type else np.dtype(self.B.kv_dtype).itemsize
+        return 2 * c.n_layer * len(self.shard.kv_heads) * c.head_dim * per_value
 
 
 __all__ = ["Transformer", "ModelLoadError", "GGUFError"]

@@ -48,8 +48,8 @@ class RankState:
     def set_context(self, n_ctx):
         self.model.set_context(n_ctx)
 
-    def new_cache(self, n_blocks, block_size):
-        self.cache = self.model.new_cache(n_blocks, block_size)
+    def new_cache(self, n_blocks, block_size, kv_type=None):
+        self.cache = self.model.new_cache(n_blocks, block_size, kv_type)
         return self.cache
 
     def forward(self, batch):
@@ -201,8 +201,8 @@ class ParallelModel:
     def set_context(self, n_ctx) -> None:
         self.group.run("set_context", n_ctx)
 
-    def new_cache(self, n_blocks: int, block_size: int) -> ParallelCache:
-        return ParallelCache(self.group, self.group.run("new_cache", n_blocks, block_size))
+    def new_cache(self, n_blocks: int, block_size: int, kv_type: str | None = None) -> ParallelCache:
+        return ParallelCache(self.group, self.group.run("new_cache", n_blocks, block_size, kv_type))
 
     def __getattr__(self, name):
         return getattr(self.local, name)
