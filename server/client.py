@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import multiprocessing
 import shutil
 import tempfile
@@ -27,6 +28,8 @@ from engine.tokenizer import Tokenizer
 from .core import CoreConfig, run_core
 from .messages import Abort, AddRequest, CoreStats, Event, Fatal, Outputs, Ready, Shutdown, encoder, \
     from_core_decoder
+
+log = logging.getLogger("engine.server")
 
 __all__ = ["CoreConfig", "EngineClient", "EngineUnavailable", "GenerationError", "MultiChoice", "ChoiceDelta"]
 
@@ -172,9 +175,10 @@ class EngineClient:
                 self._fail(f"the engine core has not answered for {self.stall_s:.0f} s")
 
     def _fail(self, why: str) -> None:
-        """Every waiting request gets the error; every later one EngineUnavailable."""
+        """Every waiting request gets the error; every later one EngineUnavailable; the log says so once."""
         if self.error is None:
             self.error = why
+            log.error("%s; every request is answered 503 until the server is restarted", why)
         self._finish_all("unavailable", why)
 
 

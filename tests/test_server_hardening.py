@@ -157,6 +157,8 @@ def test_dead_engine_core_gives_503_not_a_hang(model_path, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+    err = Path(proc.log_path).read_text()           # the terminal says why, once
+    assert err.count("ERROR the engine core exited") == 1, err[-2000:]
 
 
 def test_stuck_engine_core_gives_503(model_path):
