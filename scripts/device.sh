@@ -24,6 +24,8 @@
 #   bash scripts/device.sh http           the HTTP front end before a stand-in core (bench.py http)
 #   bash scripts/device.sh structured smol|synth [SECS]  the load test at 8 and 32 clients, plain and with
 #                                         structured output (load_test.py --json-schema): the grammar masks' cost
+#   bash scripts/device.sh prefix synth|smol [SECS]  32 clients whose prompts share a 2,000-token system text
+#                                         (load_test.py --shared-prefix 2000), prefix caching on, then off: TTFT
 #   bash scripts/device.sh serve synth|smol [SECS]  serve_compare.sh on one model (1, 8, 32, 64 clients)
 #   bash scripts/device.sh bench [SECS]   synthetic 8B: engine core batched decode (raw and --scheduler) beside
 #                                         llama-batched-bench; then serve_compare.sh on the 8B and SmolLM2
@@ -185,6 +187,15 @@ structured)     # smol|synth|MODEL [SECS]: the load test at 8 and 32 clients, pl
     done
   done
   kill $ep; wait $ep 2>/dev/null ;;
+prefix)         # smol|synth|MODEL [SECS]: the shared-system-prompt load test, prefix caching on then off
+  m=${2:-synth}; secs=${3:-15}
+  [ "$m" = smol ] && m=$SMOL; [ "$m" = synth ] && { synth 8b; m=$SYNTH; }
+  for cache in on off; do
+    start_engine "$m" --parallel 32 --ctx 2304 $([ $cache = on ] || echo --no-prefix-cache)
+    echo "$(basename $m) prefix cache $cache $(python3 scripts/load_test.py --url http://127.0.0.1:8090 --clients 32 \
+      --seconds $secs --max-tokens 32 --shared-prefix 2000 2>&1 | tail -1)" | tee -a "$OUT/prefix.log"
+    kill $ep; wait $ep 2>/dev/null
+  done ;;
 tp)
   n=${2:-2}; synth 8b; synth 70b
   for m in $SYNTH /tmp/models/synth-70b.gguf; do
@@ -212,7 +223,7 @@ tp-serve)
   done ;;
 *)
   echo "usage: $0 wheels | setup | stage CHUNK... | first-token | gpu-tests | models [TREE] | kernels [ARGS] | decode |"
-  echo "       churn [B,..] | structured smol|synth [SECS] |"
+  echo "       churn [B,..] | structured smol|synth [SECS] | prefix smol|synth [SECS] |"
   echo "       http | serve MODEL [SECS] | bench [SECS] | serve-engine MODEL CLIENTS SECS | tp [N] | tp-serve [MODEL] [SECS] [N]"
   exit 2 ;;
 esac

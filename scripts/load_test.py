@@ -4,6 +4,9 @@
     python scripts/load_test.py --url http://127.0.0.1:8080 --clients 8 --seconds 30 --max-tokens 64 [--procs 4] \
         [--json-schema]
 
+--shared-prefix N starts every prompt with the same N-token system text (prefix caching: TTFT with it on and off;
+the mean of usage.prompt_tokens_details.cached_tokens is printed).
+
 --json-schema asks every request for structured output (response_format json_schema, RECORD_SCHEMA below; EOS is
 then honoured, so requests end where the JSON does): the serving cost of the grammar masks.
 
@@ -21,6 +24,9 @@ import httpx
 import numpy as np
 
 SPAWN_S = 2.0     # time given to the client processes to start before the clock starts
+PREFIX_WORDS = ("the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be", "at",
+                "by", "this", "had", "not", "are", "but", "from", "or", "have", "an", "they", "which", "one", "you",
+                "were")   # --shared-prefix: common words, one token each (with their space) in BPE vocabularies
 RECORD_SCHEMA = {   # --json-schema: nested objects, an array of enums, bounded numbers, required fields
     "type": "object",
     "properties": {
@@ -43,6 +49,8 @@ async def client_loop(url, deadline, args, stats, cid):
         while time.time() < deadline:
             prompt = [5 + (cid * 7 + i + j) % 50 for j in range(8)] if args.token_prompts else \
                 f"Client {cid} request {i}: write a story about"
+            if args.shared_prefix:
+                prompt = shared_prefix(args) + prompt
             body = {"prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0.8, "seed": cid * 1000 + i,
                     "stream": True, "ignore_eos": not args.json_schema, "stream_options": {"include_usage": True}}
             if args.json_schema:
@@ -65,6 +73,8 @@ async def client_loop(url, deadline, args, stats, cid):
                             times.append(time.perf_counter())
                         if obj.get("usage"):
                             used = obj["usage"].get("completion_tokens")
+                            details = obj["usage"].get("prompt_tokens_details") or {}
+                            stats["cached"] += details.get("cached_tokens") or 0
             except httpx.HTTPError:
                 stats["errors"] += 1
                 continue
@@ -76,8 +86,15 @@ async def client_loop(url, deadline, args, stats, cid):
             i += 1
 
 
+def shared_prefix(args):
+    """The --shared-prefix system text (token ids with --token-prompts) every prompt starts with."""
+    if args.token_prompts:
+        return [60 + j % 100 for j in range(args.shared_prefix)]
+    return "System: " + " ".join(PREFIX_WORDS[j % len(PREFIX_WORDS)] for j in range(args.shared_prefix)) + "\n"
+
+
 async def run_clients(args, client_ids, start, deadline) -> dict:
-    stats = {"requests": 0, "tokens": 0, "errors": 0, "ttft": [], "itl": []}
+    stats = {"requests": 0, "tokens": 0, "errors": 0, "cached": 0, "ttft": [], "itl": []}
     await asyncio.sleep(max(0.0, start - time.time()))
     await asyncio.gather(*(client_loop(args.url, deadline, args, stats, c) for c in client_ids))
     stats["end"] = time.time()
@@ -99,6 +116,8 @@ def main():
     ap.add_argument("--token-prompts", action="store_true",
                     help="send prompts as token ids (models whose tokenizer has no words, e.g. the tests' tiny models)")
     ap.add_argument("--json-schema", action="store_true", help="structured output (RECORD_SCHEMA) on every request")
+    ap.add_argument("--shared-prefix", type=int, default=0, metavar="N",
+                    help="every prompt starts with the same N-token system text")
     args = ap.parse_args()
     procs = max(1, min(args.clients, args.procs or -(-args.clients // 16)))
     start = time.time() + SPAWN_S                      # every process starts its clients then
@@ -118,7 +137,9 @@ def main():
     print(f"clients {args.clients} ({procs} processes), {elapsed:.1f} s: {stats['requests'] / elapsed:.2f} "
           f"requests/s, {stats['tokens'] / elapsed:.1f} generated tokens/s, TTFT p50 {p(stats['ttft'], 50):.0f} ms "
           f"p99 {p(stats['ttft'], 99):.0f} ms, per-token p50 {p(stats['itl'], 50):.1f} ms "
-          f"p99 {p(stats['itl'], 99):.1f} ms, errors {stats['errors']}")
+          f"p99 {p(stats['itl'], 99):.1f} ms, errors {stats['errors']}"
+          + (f", cached prompt tokens per request {stats['cached'] / max(1, stats['requests']):.0f}"
+             if args.shared_prefix else ""))
 
 
 if __name__ == "__main__":

@@ -100,9 +100,12 @@ def block_positions(cache, table, lo: int, hi: int):
     """Positions lo..hi-1 of a sequence's blocks (table) in a cache [n_blocks, block_size, ...]."""
     bs = cache.shape[1]
     j0, j1 = lo // bs, (hi - 1) // bs + 1
-    if j1 - j0 == 1:
-        return cache[table[j0], lo - j0 * bs:hi - j0 * bs]
-    return cache[table[j0:j1]].reshape(-1, *cache.shape[2:])[lo - j0 * bs:hi - j0 * bs]
+    blocks = table[j0:j1]
+    if blocks[-1] - blocks[0] == j1 - j0 - 1 and (j1 - j0 < 3 or bool(np.all(np.diff(blocks) == 1))):
+        runs = cache[blocks[0]:blocks[-1] + 1]                  # consecutive blocks: a view
+    else:
+        runs = cache[blocks]
+    return runs.reshape(-1, *cache.shape[2:])[lo - j0 * bs:hi - j0 * bs]
 
 
 WARM_UP_CHUNK = 32     # prefill rows of a warm-up step
