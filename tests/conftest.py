@@ -54,3 +54,13 @@ def read_prompts(key: str) -> list[str]:
 def read_golden(key: str, backend: str) -> list[dict]:
     import json
     return [json.loads(line) for line in (GOLDEN / f"{key}_pub.{backend}.jsonl").read_text().splitlines()]
+
+
+def run_requests(sched, requests) -> list[list]:
+    """Submit requests to a Scheduler, step it until idle -> each request's events."""
+    events = [[] for _ in requests]
+    for req, ev in zip(requests, events):
+        sched.submit(req, ev.append)
+    while sched.step():
+        pass
+    return events

@@ -4,6 +4,7 @@ import json
 import numpy as np
 import pytest
 
+from conftest import run_requests
 from engine.grammar import Constraint, GrammarError, compile_grammar, grammar_tokenizer
 from engine.runtime import Runtime
 from engine.sampling import SamplingParams
@@ -64,15 +65,6 @@ SCHEMAS = [
 ]
 
 
-def run(sched, requests):
-    events = [[] for _ in requests]
-    for req, ev in zip(requests, events):
-        sched.submit(req, ev.append)
-    while sched.step():
-        pass
-    return events
-
-
 def text_of(tok, events):
     return tok.decode([e.token for e in events if isinstance(e, TokenEvent)])
 
@@ -98,7 +90,7 @@ def test_twenty_schemas_at_temperature_one(model_path):
     prompt = tok.encode("Answer in JSON: ")
     reqs = [Request(prompt, SamplingParams(temperature=1.0, seed=i), 200, grammar=compile_grammar(json_schema=s))
             for i, s in enumerate(SCHEMAS)]
-    for schema, events in zip(SCHEMAS, run(Scheduler(rt), reqs)):
+    for schema, events in zip(SCHEMAS, run_requests(Scheduler(rt), reqs)):
         text = text_of(tok, events)
         assert isinstance(events[-1], FinishEvent) and events[-1].reason == "stop", (schema, text)
         jsonschema.validate(json.loads(text), schema)
@@ -112,7 +104,7 @@ def test_gbnf_greedy_and_masks(model_path):
     tok = rt.tokenizer
     grammar = compile_grammar(gbnf='root ::= ("Paris" | "London" | "Rome") "."')
     prompt = tok.encode("The capital of France is")
-    events = run(Scheduler(rt), [Request(prompt, SamplingParams(temperature=0), 20, grammar=grammar),
+    events = run_requests(Scheduler(rt), [Request(prompt, SamplingParams(temperature=0), 20, grammar=grammar),
                                  Request(prompt, SamplingParams(temperature=0), 20)])
     assert text_of(tok, events[0]) in ("Paris.", "London.", "Rome.") and events[0][-1].reason == "stop"
     c = Constraint(grammar_tokenizer(tok, rt.config.n_vocab), grammar, rt.config.n_vocab)
@@ -132,9 +124,9 @@ def test_constrained_and_free_rows_in_one_step(model_path):
     rt = Runtime.load(path, device="cpu", n_ctx=256, n_seq=2)
     tok = rt.tokenizer
     prompt = tok.encode("List three colours:")
-    alone = run(Scheduler(Runtime.load(path, device="cpu", n_ctx=256)),
+    alone = run_requests(Scheduler(Runtime.load(path, device="cpu", n_ctx=256)),
                 [Request(prompt, SamplingParams(temperature=0), 12, ignore_eos=True)])[0]
-    both = run(Scheduler(rt), [Request(prompt, SamplingParams(temperature=0.7, seed=3), 60,
+    both = run_requests(Scheduler(rt), [Request(prompt, SamplingParams(temperature=0.7, seed=3), 60,
                                        grammar=compile_grammar(json_schema=SCHEMAS[0])),
                                Request(prompt, SamplingParams(temperature=0), 12, ignore_eos=True)])
     assert text_of(tok, both[1]) == text_of(tok, alone)
@@ -187,10 +179,10 @@ def test_logit_bias_and_grammar_in_one_row(model_path):
     tok = rt.tokenizer
     grammar = compile_grammar(gbnf='root ::= (" Paris" | " Rome") "."')
     prompt = tok.encode("The capital of France is")
-    plain = run(Scheduler(rt), [Request(prompt, SamplingParams(temperature=0), 10, grammar=grammar)])[0]
+    plain = run_requests(Scheduler(rt), [Request(prompt, SamplingParams(temperature=0), 10, grammar=grammar)])[0]
     assert text_of(tok, plain) == " Paris."
     first = next(e.token for e in plain if isinstance(e, TokenEvent))
-    events = run(Scheduler(rt), [Request(prompt, SamplingParams(temperature=0), 10, grammar=grammar,
+    events = run_requests(Scheduler(rt), [Request(prompt, SamplingParams(temperature=0), 10, grammar=grammar,
                                          logit_bias={first: -100.0}),
                                  Request(prompt, SamplingParams(temperature=0), 10, grammar="%% not a grammar"),
                                  Request(prompt, SamplingParams(temperature=0), 3, ignore_eos=True)])

@@ -7,6 +7,7 @@ from engine.kv_blocks import ROOT, BlockManager, block_key
 from engine.runtime import Runtime
 from engine.sampling import SamplingParams
 from engine.scheduler import FinishEvent, Request, Scheduler, TokenEvent
+from conftest import run_requests
 from tiny_models import N_VOCAB, write_tiny
 
 
@@ -24,18 +25,9 @@ def tokens_of(events):
     return [e.token for e in events if isinstance(e, TokenEvent)]
 
 
-def run(sched, requests):
-    events = [[] for _ in requests]
-    for r, ev in zip(requests, events):
-        sched.submit(r, ev.append)
-    while sched.step():
-        pass
-    return events
-
-
 def alone(model, prompt, n, **kw):
     rt = Runtime.load(model, device="cpu", n_ctx=kw.pop("n_ctx", 128))
-    return tokens_of(run(Scheduler(rt), [Request(prompt, SamplingParams(temperature=0), n, ignore_eos=True)])[0])
+    return tokens_of(run_requests(Scheduler(rt), [Request(prompt, SamplingParams(temperature=0), n, ignore_eos=True)])[0])
 
 
 # -- the block manager ---------------------------------------------------------------------------------------------
@@ -134,7 +126,7 @@ def test_preempted_sequences_resume_with_the_same_tokens(model):
         probe = Runtime.load(model, device="cpu", n_ctx=128, exact=True)
         rt = Runtime.load(model, device="cpu", n_ctx=128, n_seq=6, exact=True, kv_memory=kv_bytes(probe, positions))
         sched = Scheduler(rt, 32)
-        events = run(sched, [Request(p, sp, 40, ignore_eos=True) for p, sp in zip(prompts, params)])
+        events = run_requests(sched, [Request(p, sp, 40, ignore_eos=True) for p, sp in zip(prompts, params)])
         assert all(ev[-1].reason == "length" and ev[-1].completion_tokens == 40 for ev in events)
         results.append(([tokens_of(ev) for ev in events], sched.stats.preemptions))
         assert sched.blocks.n_free == rt.n_blocks and sorted(sched.free_slots) == list(range(6))
@@ -165,7 +157,7 @@ def test_a_prompt_filling_the_whole_cache_is_admitted(model):
     rt = Runtime.load(model, device="cpu", n_ctx=1600, kv_memory=kv_bytes(probe, 1600))
     assert rt.n_blocks == 100 and Scheduler(rt).watermark == 1
     prompt = np.random.default_rng().integers(0, N_VOCAB, 1590).tolist()
-    events = run(Scheduler(rt, 512), [Request(prompt, max_tokens=5, ignore_eos=True)])[0]
+    events = run_requests(Scheduler(rt, 512), [Request(prompt, max_tokens=5, ignore_eos=True)])[0]
     assert events[-1].reason == "length" and events[-1].completion_tokens == 5
 
 
@@ -179,7 +171,7 @@ def test_shared_system_prompt_is_computed_once(model):
     for cache in (True, False):
         rt = Runtime.load(model, device="cpu", n_ctx=256, n_seq=8)
         sched = Scheduler(rt, 256, prefix_cache=cache)
-        events = run(sched, [Request(p, SamplingParams(temperature=0), 4, ignore_eos=True) for p in prompts])
+        events = run_requests(sched, [Request(p, SamplingParams(temperature=0), 4, ignore_eos=True) for p in prompts])
         out[cache] = [tokens_of(ev) for ev in events]
         cached = [ev[0].cached_tokens for ev in events]
         if cache:                                   # full blocks shared, the partial one's 200 % 16 tokens copied
@@ -212,7 +204,7 @@ def test_whole_context_blocks_keep_prefix_caching(model, monkeypatch):
     prompts = [system + rng.integers(0, N_VOCAB, 5).tolist() for _ in range(3)]
     rt = Runtime.load(model, device="cpu", n_ctx=128, n_seq=2)
     sched = Scheduler(rt, 64)
-    events = [run(sched, [Request(p, SamplingParams(temperature=0), 4, ignore_eos=True)])[0] for p in prompts]
+    events = [run_requests(sched, [Request(p, SamplingParams(temperature=0), 4, ignore_eos=True)])[0] for p in prompts]
     assert [ev[0].cached_tokens for ev in events] == [0, 40, 40]
     monkeypatch.undo()
     assert [tokens_of(ev) for ev in events] == [alone(model, p, 4) for p in prompts]

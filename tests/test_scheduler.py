@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from conftest import run_requests
 from engine.runtime import Runtime
 from engine.sampling import SamplingParams
 from engine.scheduler import FinishEvent, Request, Scheduler, TokenEvent
@@ -201,14 +202,6 @@ def test_logit_bias(model):
     assert greedy_tokens(same) == plain
     with pytest.raises(ValueError, match="logit_bias"):
         Scheduler(rt).submit(Request(prompt, max_tokens=2, logit_bias={N_VOCAB: 1.0}), lambda ev: None)
-
-
-def run_requests(sched, requests):
-    events = [[] for _ in requests]
-    for req, ev in zip(requests, events):
-        sched.submit(req, collect(ev))
-    run_all(sched)
-    return events
 
 
 def test_queue_time_is_reported(model):
