@@ -1,11 +1,11 @@
-"""Decode speed at depth on the CPU backend by KV block size and block layout (the paged cache's cost).
+"""Decode speed at depth on the CPU backend by KV block size, block layout and cache type.
 
-    python scripts/kv_block_size.py [MODEL] [--depth 1024] [--steps 32] [--sizes 16 32 64 256] [--layouts]
+    python scripts/kv_cache_cpu.py [MODEL] [--depth 1024] [--steps 32] [--sizes 16 32 64 256 | --layouts | --types]
 
 One sequence: a prompt of --depth random tokens prefilled, then --steps decode steps timed (median ms per step);
 a size at least the context is one block per sequence (no block table to gather through). --layouts: four
 sequences decoding together at --depth, their blocks of KV_BLOCK_SIZE consecutive, scattered at random, or one
-whole-context block each.
+whole-context block each. --types: one sequence with an f32, f16 and q8_0 cache.
 """
 import argparse
 import statistics
@@ -54,6 +54,14 @@ def layouts(args, prompt, rng) -> None:
     CPUBackend.paged_kv = True
 
 
+def types(args, prompt) -> None:
+    print(f"| KV type | decode ms/step at depth {args.depth} |\n| --- | --- |")
+    for kv_type in (None, "f16", "q8_0"):
+        rt = Runtime.load(args.model, device="cpu", n_ctx=args.depth + args.steps + 1, kv_type=kv_type)
+        rt.prefill(prompt, logits=False)
+        print(f"| {kv_type or 'f32'} | {step_ms(rt, [1], [args.depth], [0], None, args.steps):.2f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model", nargs="?", default="smollm2-135m")
@@ -61,10 +69,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--sizes", type=int, nargs="+", default=[16, 32, 64, 256, 1 << 20])
     ap.add_argument("--layouts", action="store_true")
+    ap.add_argument("--types", action="store_true")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, 1000, args.depth).tolist()
-    layouts(args, prompt, rng) if args.layouts else sizes(args, prompt)
+    if args.layouts:
+        layouts(args, prompt, rng)
+    elif args.types:
+        types(args, prompt)
+    else:
+        sizes(args, prompt)
 
 
 if __name__ == "__main__":
