@@ -4,12 +4,15 @@
 - BPE (`tokenizer.ggml.model = gpt2`): byte-level mapping, pre-tokenizer regexes chosen by `tokenizer.ggml.pre`,
   merges by rank.
 - Special tokens (control and user-defined) written in the text are split out first, longest first.
-- Chat templates (`tokenizer.chat_template`) rendered with a sandboxed jinja2.
+- Chat templates (`tokenizer.chat_template`) rendered with a sandboxed jinja2 set up as the models' own tooling
+  renders them (Hugging Face's apply_chat_template): `tojson` as json.dumps (keys in order, no HTML escapes),
+  `{% break %}` / `{% continue %}`, `{% generation %}` blocks, raise_exception and strftime_now.
 """
 from __future__ import annotations
 
 import codecs
 import heapq
+import json
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,7 +21,8 @@ from typing import Iterable
 
 import numpy as np
 import regex
-from jinja2 import TemplateError
+from jinja2 import TemplateError, nodes
+from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
 from .gguf import GGUFFile, quoted
@@ -487,18 +491,35 @@ class _BoundedRange:
             yield x
 
 
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    """The templates' `tojson`: json.dumps as the models' tooling renders it (jinja2's own sorts keys and escapes
+    HTML characters, which changes a tool's description from what the model was trained on)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+class _GenerationBlocks(Extension):
+    """`{% generation %}...{% endgeneration %}` (marks an assistant's text for training masks): renders its body."""
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body).set_lineno(lineno)
+
+
 class _BoundedSandbox(ImmutableSandboxedEnvironment):
     """jinja2's immutable sandbox with a deadline, checked on every attribute access, call, range step and
     output piece, and a cap on the strings and lists that `*` and `**` can make."""
     intercepted_binops = frozenset(["*", "**"])
 
     def __init__(self, limits: TemplateLimits):
-        super().__init__(trim_blocks=True, lstrip_blocks=True)
+        super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _GenerationBlocks])
         self.limits = limits
         self.deadline = time.monotonic() + limits.seconds
 
         def raise_exception(message):
             raise TemplateError(message)
+        self.filters["tojson"] = _tojson
         self.globals["raise_exception"] = raise_exception
         self.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         self.globals["range"] = lambda *a: _BoundedRange(self, *a)

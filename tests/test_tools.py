@@ -132,3 +132,34 @@ def test_constrained_call_cut_short_keeps_what_came():
     parser = CallStream(spec)
     items = parser.feed(f'{CALL_OPEN}{{"name": "get_weather", "arguments": {{"city": "Ber') + parser.finish()
     assert items[0][0] == "call_head" and "".join(v for k, v in items[1:]) == '{"city": "Ber'
+
+
+def template_tokenizer(template: str):
+    """A three-token SPM vocabulary whose chat template is template."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from engine.tokenizer import Tokenizer
+    md = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>"],
+          "tokenizer.ggml.token_type": np.array([2, 3, 3], np.int32), "tokenizer.ggml.bos_token_id": 1,
+          "tokenizer.ggml.eos_token_id": 2, "tokenizer.chat_template": template}
+    return Tokenizer(SimpleNamespace(path="a chat template", metadata=md))
+
+
+def test_templates_render_tools_as_the_models_tooling_does():
+    """`tojson` as Hugging Face's apply_chat_template has it (json.dumps: keys in the caller's order, no HTML escapes,
+    indent as asked; jinja2's own sorts keys and writes < as \\u003c), `{% break %}` / `{% continue %}` and
+    `{% generation %}` blocks, which the model makers' templates use."""
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "Weather <now> in a city, l'été",
+                                             "parameters": WEATHER["function"]["parameters"]}}
+    tok = template_tokenizer("{% for t in tools %}{{ t | tojson }}\n{% endfor %}{{ tools[0] | tojson(indent=4) }}")
+    assert tok.apply_chat_template([], tools=[tool, TIME]) == (
+        json.dumps(tool, ensure_ascii=False) + "\n" + json.dumps(TIME) + "\n" + json.dumps(tool, indent=4,
+                                                                                           ensure_ascii=False))
+    tok = template_tokenizer("{% for m in messages %}{% if m.role == 'tool' %}{% continue %}{% endif %}"
+                             "{% if loop.index > 3 %}{% break %}{% endif %}{% generation %}[{{ m.content }}]"
+                             "{% endgeneration %}{% endfor %}")
+    messages = [{"role": r, "content": c} for r, c in [("user", "a"), ("tool", "b"), ("assistant", "c"),
+                                                         ("user", "d"), ("user", "e")]]
+    assert tok.apply_chat_template(messages) == "[a][c]"
