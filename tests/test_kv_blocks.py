@@ -275,3 +275,9 @@ def test_kv_type_the_backend_does_not_offer(model, monkeypatch):
     monkeypatch.setattr(CPUBackend, "kv_types", ())
     with pytest.raises(ValueError, match="cannot be q8_0"):
         Runtime.load(model, device="cpu", n_ctx=64, kv_type="q8_0")
+
+
+def test_q8_0_cache_needs_whole_blocks_of_32():
+    from engine.backends.cpu import CPUBackend
+    with pytest.raises(ValueError, match="multiple of 32 .this model's is 48."):
+        CPUBackend().kv_cache(2, 4, 16, 2, 48, kv_type="q8_0")
