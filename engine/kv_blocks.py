@@ -11,8 +11,8 @@ it, so a new prompt finds the blocks that already hold its prefix:
   is taken over (when nothing else it holds is lost) or copied up to there: the prompt's partial block is its own.
 
 Blocks nobody holds stay cached, least recently released first out (their keys die with their contents). A backend
-whose attention reads one contiguous cache per sequence gets blocks of a whole context: one block per sequence,
-never shared, and prefix caching by copies and take-overs, as before blocks.
+whose attention reads one contiguous cache per sequence gets blocks of a whole context: one block per sequence, never
+shared, its prefix caching all copies and take-overs.
 """
 from __future__ import annotations
 

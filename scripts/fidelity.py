@@ -49,7 +49,8 @@ def main(argv=None):
     t0 = time.perf_counter()
     top = decode_logprobs(rt, tokens) if args.decode else teacher_forced(rt, tokens)
     result = {"model": args.model, "device": rt.backend.name, "exact": args.exact, "positions": len(tokens),
-              "decode": args.decode, "kv_type": args.kv_type or "backend's", "seconds": round(time.perf_counter() - t0, 2)}
+              "decode": args.decode, "kv_type": args.kv_type or "backend's",
+              "seconds": round(time.perf_counter() - t0, 2)}
     if args.decode and args.device == "cuda":
         result["decode_activations"] = args.decode_activations
     if args.out:

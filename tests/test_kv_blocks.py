@@ -27,7 +27,8 @@ def tokens_of(events):
 
 def alone(model, prompt, n, **kw):
     rt = Runtime.load(model, device="cpu", n_ctx=kw.pop("n_ctx", 128))
-    return tokens_of(run_requests(Scheduler(rt), [Request(prompt, SamplingParams(temperature=0), n, ignore_eos=True)])[0])
+    request = Request(prompt, SamplingParams(temperature=0), n, ignore_eos=True)
+    return tokens_of(run_requests(Scheduler(rt), [request])[0])
 
 
 # -- the block manager ---------------------------------------------------------------------------------------------

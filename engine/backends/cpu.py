@@ -58,8 +58,9 @@ class Q8KVCache(KVCache):
             scales[layer][blocks, offsets] = s
 
     def read(self, layer, table, lo, hi, dtype):
-        return tuple(dequantize_q8_0(block_positions(values[layer], table, lo, hi), block_positions(scales[layer], table, lo, hi),
-                                     dtype) for values, scales in ((self.k, self.k_scale), (self.v, self.v_scale)))
+        return tuple(dequantize_q8_0(block_positions(values[layer], table, lo, hi),
+                                     block_positions(scales[layer], table, lo, hi), dtype)
+                     for values, scales in ((self.k, self.k_scale), (self.v, self.v_scale)))
 
 
 class CPUBackend(Backend):
