@@ -344,3 +344,16 @@ def test_engine_core_reports_a_broken_group_and_stops(tmp_path):
     for s in (to_core, core_in, core_out, from_core):
         s.close(0)
     ctx.term()
+
+
+def test_q8_0_kv_cache_split_equals_whole(tmp_path):
+    """Each rank quantizes its own KV heads into q8_0 blocks (32 values of one head each), so the split model with a
+    q8_0 cache equals the whole one with a q8_0 cache, through a prefill and decode steps."""
+    path = write_tiny(tmp_path / "llama.gguf", "llama")
+    whole, split = split_and_whole(path, 2, n_ctx=64, kv_type="q8_0")
+    prompt = prompt_tokens(n=30)
+    assert np.abs(logits64(split, prompt) - logits64(whole, prompt)).max() <= EXACT
+    toks_s, steps_s = greedy_decode(split, prompt, 6)
+    toks_w, steps_w = greedy_decode(whole, prompt, 6)
+    assert toks_s == toks_w and np.abs(steps_s - steps_w).max() <= EXACT
+    assert type(whole.cache).__name__ == "Q8KVCache"
