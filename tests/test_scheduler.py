@@ -9,6 +9,15 @@ from engine.scheduler import FinishEvent, Request, Scheduler, TokenEvent
 from tiny_models import N_VOCAB, write_tiny
 
 
+@pytest.fixture(params=["paged", "whole-context"], autouse=True)
+def kv_layout(request, monkeypatch):
+    """Every test on both KV layouts: the CPU's paged blocks, and one block of a whole context per sequence (the
+    layout the CUDA backend's attention reads)."""
+    from engine.backends.cpu import CPUBackend
+    monkeypatch.setattr(CPUBackend, "paged_kv", request.param == "paged")
+    return request.param
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     return write_tiny(tmp_path_factory.mktemp("sched") / "llama.gguf", "llama")
