@@ -161,6 +161,8 @@ class EngineClient:
                             self.queues.pop(ev.rid, None)
             elif isinstance(msg, Ready):
                 self.ready = msg
+                log.info("model loaded on %s: context %d, parallel %d, KV cache %d blocks x %d positions (%.3g GiB)",
+                         msg.device, msg.n_ctx, msg.n_seq, msg.kv_blocks, msg.kv_block_size, msg.kv_bytes / 2**30)
             elif isinstance(msg, Fatal):
                 self._fail(f"the engine core failed: {msg.error}" if self.ready else
                            f"the model failed to load: {msg.error}")

@@ -115,8 +115,10 @@ class EngineCore:
             pass
 
     def ready(self) -> Ready:
-        return Ready(self.rt.n_ctx, self.rt.config.n_vocab, self.rt.n_seq, self.rt.backend.name,
-                     self.sched.max_batch_tokens)
+        rt = self.rt
+        kv_bytes = rt.n_blocks * rt.block_size * rt.model.kv_bytes_per_token(rt.kv_type)
+        return Ready(rt.n_ctx, rt.config.n_vocab, rt.n_seq, rt.backend.name, self.sched.max_batch_tokens,
+                     rt.n_blocks, rt.block_size, int(kv_bytes))
 
     def warm_up(self) -> None:
         """Run one step of every shape the backend names (compiling kernels, capturing CUDA graphs) and one batched

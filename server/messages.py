@@ -44,6 +44,9 @@ class Ready(msgspec.Struct, tag=True):
     n_seq: int
     device: str
     max_batch_tokens: int
+    kv_blocks: int = 0                  # the KV cache: blocks of kv_block_size positions, kv_bytes in all
+    kv_block_size: int = 0
+    kv_bytes: int = 0
 
 
 class Fatal(msgspec.Struct, tag=True):

@@ -190,6 +190,7 @@ def test_request_log_line(model_path):
     err = Path(proc.log_path).read_text()
     assert "POST /v1/completions 200 prompt=5 completion=3 ttft=" in err and "duration=" in err, err[-2000:]
     assert "GET /v1/models 200" in err
+    assert "model loaded on cpu: context 256, parallel 1, KV cache 16 blocks x 16 positions" in err, err[-2000:]
 
 
 def test_fuzzed_requests(server):
