@@ -86,9 +86,10 @@ class Runtime:
         self.n_ubatch = n_ubatch
         self.n_seq = n_seq
         if kv_type is not None and kv_type not in self.backend.kv_types:
-            offered = ", ".join(self.backend.kv_types) or "none"
-            raise ValueError(f"the {self.backend.name} backend's KV cache cannot be {kv_type} (other types it offers: "
-                             f"{offered})")
+            from .backends.cpu import CPUBackend
+            offered = (f"it offers {', '.join(self.backend.kv_types)}" if self.backend.kv_types else
+                       f"it has only its own; the cpu backend offers {', '.join(CPUBackend.kv_types)}")
+            raise ValueError(f"the {self.backend.name} backend's KV cache cannot be {kv_type} ({offered})")
         self.kv_type = kv_type
         self._size_cache(kv_memory)
         self.cache = self.model.new_cache(self.n_blocks, self.block_size, kv_type)
