@@ -59,11 +59,14 @@ class _Choice:
 
 
 class LLM:
-    """A model loaded once; generate / chat / stream run its requests through one Scheduler (n_parallel at once)."""
+    """A model loaded once; generate / chat / stream run its requests through one Scheduler (n_parallel at once).
+    kv_memory (bytes) and kv_type ("f16", "q8_0") size and store a paged KV cache (the cpu backend; Runtime)."""
 
     def __init__(self, model: str | None = None, device: str = "auto", n_ctx: int | None = None,
-                 n_parallel: int = 4, n_ubatch: int = 512):
-        self.rt = Runtime.load(model, device=device, n_ctx=n_ctx, n_seq=n_parallel, n_ubatch=n_ubatch)
+                 n_parallel: int = 4, n_ubatch: int = 512, kv_memory: float | None = None,
+                 kv_type: str | None = None):
+        self.rt = Runtime.load(model, device=device, n_ctx=n_ctx, n_seq=n_parallel, n_ubatch=n_ubatch,
+                               kv_memory=kv_memory, kv_type=kv_type)
         self.tokenizer = self.rt.tokenizer
         self.scheduler = Scheduler(self.rt)
 

@@ -59,3 +59,13 @@ def test_structured_output(llm):
     jsonschema.validate(json.loads(out.text), schema)
     out = llm.generate("The capital of France is", max_tokens=8, grammar='root ::= " Paris" | " Rome"')[0]
     assert out.text in (" Paris", " Rome") and out.finish_reason == "stop"
+
+
+def test_kv_memory_and_type(model_path):
+    """LLM takes the KV cache's size and type: 8 prompts in flight in the memory of one q8_0 context of 128."""
+    probe = Runtime.load(model_path("smol"), device="cpu", n_ctx=128)
+    small = LLM(model_path("smol"), device="cpu", n_ctx=128, n_parallel=8, kv_type="q8_0",
+                kv_memory=128 * probe.model.kv_bytes_per_token("q8_0"))
+    assert small.rt.n_blocks * small.rt.block_size == 128 and type(small.rt.cache).__name__ == "Q8KVCache"
+    outs = small.generate([f"Story {i}:" for i in range(8)], SamplingParams(temperature=0), max_tokens=8)
+    assert all(o.finish_reason in ("length", "stop") and o.error is None for o in outs)
