@@ -418,10 +418,15 @@ class Tokenizer:
         return self.chat_template or _fallback_template(self.architecture)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            limits: "TemplateLimits | None" = None, tools: list[dict] | None = None) -> str:
+                            limits: "TemplateLimits | None" = None, tools: list[dict] | None = None,
+                            variables: dict | None = None) -> str:
         """Render the GGUF chat template (or a built-in one for templates-less files) for a list of messages (and
         OpenAI tools, for a template that takes them), in a sandbox with a time budget and an output cap
-        (TemplateLimits): past either, TokenizerError."""
+        (TemplateLimits): past either, TokenizerError. variables: more names the template sees (a request's
+        chat_template_kwargs, e.g. Qwen 3's enable_thinking); they cannot replace the ones above."""
+        taken = set(variables or ()) & set(TEMPLATE_NAMES)
+        if taken:
+            raise TokenizerError(f"chat template variables cannot replace {', '.join(sorted(taken))}")
 
         source = self.template_source
         limits = limits or TemplateLimits()
@@ -431,7 +436,7 @@ class Tokenizer:
         try:
             template = env.from_string(source)
             out, size = [], 0
-            extra = {"tools": tools} if tools is not None else {}
+            extra = dict(variables or {}, **({"tools": tools} if tools is not None else {}))
             for piece in template.generate(messages=messages, add_generation_prompt=add_generation_prompt,
                                            bos_token=bos, eos_token=eos, **extra):
                 size += len(piece)
@@ -456,6 +461,9 @@ class Tokenizer:
         bos = self.tokens[self.bos_id] if self.bos_id is not None and 0 <= self.bos_id < self.n_vocab else None
         add_special = not (bos and text.startswith(bos))
         return self.encode(text, add_special=add_special, parse_special=True)
+
+
+TEMPLATE_NAMES = ("messages", "add_generation_prompt", "bos_token", "eos_token", "tools")   # what the engine passes
 
 
 @dataclass

@@ -604,7 +604,8 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         tools = [{"type": "function", "function": f} for f in spec.functions] if native else None
 
         def render() -> list[int]:
-            text = tok.apply_chat_template(to_render, limits=cfg.template, tools=tools)
+            text = tok.apply_chat_template(to_render, limits=cfg.template, tools=tools,
+                                           variables=body.chat_template_kwargs)
             limit_prompt(text)
             return tok.chat_prompt_ids_from_text(text)
         try:

@@ -248,6 +248,18 @@ class ChatRequest(_Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=0, le=MAX_INT)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    chat_template_kwargs: dict[str, Any] | None = None   # more variables for the chat template (vLLM, llama-server)
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_names(cls, v):
+        from engine.tokenizer import TEMPLATE_NAMES
+        for name in v or {}:
+            if not name.isidentifier():
+                raise ValueError(f"chat_template_kwargs: {name[:40]!r} is not a template variable name")
+            if name in TEMPLATE_NAMES:
+                raise ValueError(f"chat_template_kwargs cannot set {name} (the request gives it)")
+        return v
 
 
 class TokenizeRequest(BaseModel):

@@ -411,6 +411,17 @@ def test_model_by_id_and_metrics_help(server):
     assert typed and typed == helped
 
 
+def test_chat_template_kwargs(server):
+    """chat_template_kwargs (vLLM's and llama-server's field) reach the template; a name the request itself gives, or
+    one that is not a name, is a 400 naming the field."""
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}
+    r = httpx.post(server + "/v1/chat/completions", json={**chat, "chat_template_kwargs": {"enable_thinking": False}})
+    assert r.status_code == 200, r.text
+    for kwargs in ({"messages": []}, {"not a name": 1}, [1]):
+        r = httpx.post(server + "/v1/chat/completions", json={**chat, "chat_template_kwargs": kwargs})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
+
+
 def test_chat_errors(server):
     r = httpx.post(server + "/v1/chat/completions", json={"messages": []})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"

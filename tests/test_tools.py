@@ -163,3 +163,16 @@ def test_templates_render_tools_as_the_models_tooling_does():
     messages = [{"role": r, "content": c} for r, c in [("user", "a"), ("tool", "b"), ("assistant", "c"),
                                                          ("user", "d"), ("user", "e")]]
     assert tok.apply_chat_template(messages) == "[a][c]"
+
+
+def test_template_variables_reach_the_template():
+    """A request's chat_template_kwargs (Qwen 3's enable_thinking) are names the template sees; the engine's own
+    names cannot be replaced."""
+    from engine.tokenizer import TokenizerError
+    tok = template_tokenizer("{{ messages[0].content }}{% if enable_thinking is defined and not enable_thinking %}"
+                             "<think></think>{% endif %}")
+    messages = [{"role": "user", "content": "hi"}]
+    assert tok.apply_chat_template(messages) == "hi"
+    assert tok.apply_chat_template(messages, variables={"enable_thinking": False}) == "hi<think></think>"
+    with pytest.raises(TokenizerError, match="cannot replace messages"):
+        tok.apply_chat_template(messages, variables={"messages": []})
