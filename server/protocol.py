@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 MAX_INT = 2 ** 31 - 1          # integer fields above this are refused (they also cross the IPC as 64-bit ints)
@@ -36,6 +36,9 @@ def _refused(name: str, value) -> str | None:
         return None
     if name == "best_of" and value == 1:
         return None
+    if name in NEUTRAL and (value == NEUTRAL[name] or (name == "top_n_sigma" and isinstance(value, (int, float))
+                                                         and value <= 0)):
+        return None
     return REFUSED_FIELDS[name]
 
 
@@ -50,7 +53,18 @@ REFUSED_FIELDS = {
     "prediction": "predicted outputs are not supported",
     "audio": "audio output is not supported",
     "modalities": "only the 'text' modality is supported",
+    "typical_p": "typical sampling is not supported",
+    "mirostat": "mirostat sampling is not supported",
+    "dry_multiplier": "DRY sampling is not supported",
+    "xtc_probability": "XTC sampling is not supported",
+    "dynatemp_range": "dynamic temperature is not supported",
+    "top_n_sigma": "top-n-sigma sampling is not supported",
+    "min_tokens": "min_tokens is not supported",
+    "stop_token_ids": "stop_token_ids is not supported (stop strings are)",
+    "include_stop_str_in_output": "include_stop_str_in_output is not supported",
 }
+NEUTRAL = {"typical_p": 1, "mirostat": 0, "dry_multiplier": 0, "xtc_probability": 0, "dynatemp_range": 0,
+           "min_tokens": 0, "include_stop_str_in_output": False, "top_n_sigma": -1}   # values that change nothing
 
 
 class _Sampling(BaseModel):
@@ -68,11 +82,23 @@ class _Sampling(BaseModel):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repeat_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
     repeat_last_n: int = Field(default=64, ge=-1, le=MAX_INT)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)   # vLLM's: over prompt and output
     n: int = Field(default=1, ge=1, le=16)
     logit_bias: dict[str, float] | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     ignore_eos: bool = False
+
+    @model_validator(mode="after")
+    def _repetition_penalty(self):
+        """vLLM's repetition_penalty is llama.cpp's repeat_penalty over every token so far (repeat_last_n -1)."""
+        if self.repetition_penalty is not None:
+            if "repeat_penalty" in self.model_fields_set:
+                raise ValueError("give repeat_penalty or repetition_penalty, not both")
+            self.repeat_penalty = self.repetition_penalty
+            if "repeat_last_n" not in self.model_fields_set:
+                self.repeat_last_n = -1
+        return self
 
     @field_validator("stop")
     @classmethod

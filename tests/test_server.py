@@ -374,6 +374,13 @@ def test_errors(server, body, status, param):
     ("/v1/completions", "n_probs", 5),
     ("/v1/completions", "best_of", 3),
     ("/v1/completions", "suffix", "}"),
+    ("/v1/chat/completions", "typical_p", 0.9),
+    ("/v1/completions", "mirostat", 2),
+    ("/v1/completions", "dry_multiplier", 0.8),
+    ("/v1/completions", "xtc_probability", 0.5),
+    ("/v1/completions", "top_n_sigma", 1.5),
+    ("/v1/chat/completions", "min_tokens", 4),
+    ("/v1/completions", "stop_token_ids", [5]),
 ])
 def test_fields_that_cannot_be_honoured_are_refused(server, path, field, value):
     """A field that would change the output and is not implemented gets a 400 naming it, never a silent answer."""
@@ -388,8 +395,24 @@ def test_fields_that_cannot_be_honoured_are_refused(server, path, field, value):
 def test_harmless_fields_are_accepted(server):
     r = httpx.post(server + "/v1/chat/completions", json={
         "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "tool_choice": "none", "tools": [],
-        "response_format": {"type": "text"}, "user": "u-1", "logit_bias": {}, "metadata": {"k": "v"}})
+        "response_format": {"type": "text"}, "user": "u-1", "logit_bias": {}, "metadata": {"k": "v"},
+        "typical_p": 1.0, "mirostat": 0, "min_tokens": 0, "stop_token_ids": [], "top_n_sigma": -1,
+        "include_stop_str_in_output": False})
     assert r.status_code == 200, r.text
+
+
+def test_repetition_penalty_is_vllms_name_for_repeat_penalty(server):
+    """vLLM's repetition_penalty is honoured as repeat_penalty over every token so far (repeat_last_n -1): the same
+    greedy text, different from no penalty; both names at once is a 400."""
+    def text(**kw):
+        r = httpx.post(server + "/v1/completions", json={"prompt": "la la la la la la la", "max_tokens": 12,
+                                                         "temperature": 0, **kw})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+    vllm = text(repetition_penalty=1.5)
+    assert vllm == text(repeat_penalty=1.5, repeat_last_n=-1) and vllm != text()
+    r = httpx.post(server + "/v1/completions", json={"prompt": "x", "repeat_penalty": 1.1, "repetition_penalty": 1.2})
+    assert r.status_code == 400 and "repetition_penalty" in r.json()["error"]["message"]
     r = httpx.post(server + "/v1/completions", json={"prompt": "hi", "max_tokens": 2, "best_of": 1, "suffix": ""})
     assert r.status_code == 200, r.text
 
