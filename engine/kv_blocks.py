@@ -108,20 +108,19 @@ class BlockManager:
 
     # -- contents -----------------------------------------------------------------------------------------------
     def _forget(self, b: int) -> None:
-        if self.key[b] is not None and self.full.get(self.key[b]) == b:
-            del self.full[self.key[b]]
+        self._forget_key(b)
         if self.parent[b] is not None:
             self.children[self.parent[b]].discard(b)
             if not self.children[self.parent[b]]:
                 del self.children[self.parent[b]]
-        self.parent[b] = self.key[b] = None
+        self.parent[b] = None
         self.length[b] = 0
 
     def write(self, b: int, parent: bytes, start: int, tokens) -> bytes | None:
         """Block b (held by one sequence) now holds tokens at positions start.. of the block (what it held from start
         on is gone), after the prefix whose digest is parent -> the block's key once it is full, else None."""
         end = start + len(tokens)
-        if start < self.length[b] and self.key[b] is not None:          # a full block written over: its key goes
+        if start < self.length[b]:                                      # a full block written over: its key goes
             self._forget_key(b)
         if self.parent[b] != parent:
             self._forget(b)
@@ -129,11 +128,7 @@ class BlockManager:
             self.children.setdefault(parent, set()).add(b)
         self.ids[b, start:end] = tokens
         self.length[b] = end
-        if end == self.size:
-            key = self.key[b] = block_key(parent, self.ids[b])
-            self.full.setdefault(key, b)
-            return key
-        return None
+        return self._seal(b) if end == self.size else None
 
     def append(self, blocks: np.ndarray, offsets: np.ndarray, tokens: np.ndarray) -> None:
         """One token more in each of blocks (distinct, each held by one sequence and holding offsets[i] tokens after
@@ -141,11 +136,17 @@ class BlockManager:
         self.ids[blocks, offsets] = tokens
         self.length[blocks] = offsets + 1
         for b in blocks[offsets + 1 == self.size]:
-            key = self.key[b] = block_key(self.parent[b], self.ids[b])
-            self.full.setdefault(key, int(b))
+            self._seal(int(b))
+
+    def _seal(self, b: int) -> bytes:
+        """Block b is full: its key, findable by it (unless another block already holds that prefix)."""
+        key = self.key[b] = block_key(self.parent[b], self.ids[b])
+        self.full.setdefault(key, b)
+        return key
 
     def _forget_key(self, b: int) -> None:
-        if self.full.get(self.key[b]) == b:
+        """Block b's tokens are no longer a full block's: its key goes (and its index entry, if it is the one)."""
+        if self.key[b] is not None and self.full.get(self.key[b]) == b:
             del self.full[self.key[b]]
         self.key[b] = None
 
@@ -156,8 +157,7 @@ class BlockManager:
     def truncate(self, b: int, n: int) -> None:
         """Block b (just taken over) keeps its first n tokens."""
         if n < self.length[b]:
-            if self.key[b] is not None:
-                self._forget_key(b)
+            self._forget_key(b)
             self.length[b] = n
 
     # -- prefixes -----------------------------------------------------------------------------------------------

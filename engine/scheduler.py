@@ -339,7 +339,7 @@ class Scheduler:
                     break
             if seq in self.running:
                 b = B.allocate()
-                B.write(b, B.parent_of(seq.blocks + [b], len(seq.blocks)), 0, [])
+                B.write(b, B.parent_of(seq.blocks, len(seq.blocks)), 0, [])
                 seq.blocks.append(b)
 
     def _preempt(self, seq: _Seq) -> None:
@@ -359,11 +359,11 @@ class Scheduler:
 
     def _release(self, seq: _Seq) -> None:
         B = self.blocks
-        if not self.paged and seq.blocks and seq.pos > B.length[seq.blocks[0]]:
+        if not self.paged and seq.blocks and seq.pos > B.length[seq.blocks[0]]:   # its generated tokens (_run)
             n = int(B.length[seq.blocks[0]])
-            B.write(seq.blocks[0], B.parent_of(seq.blocks, 0), n, seq.history[n:seq.pos])
+            self._record(seq, n, seq.history[n:seq.pos])
         for b in seq.blocks:
-            self.blocks.release(b)
+            B.release(b)
         seq.blocks = []
         if seq.slot >= 0:
             self.free_slots.append(seq.slot)

@@ -30,14 +30,9 @@ def _refused(name: str, value) -> str | None:
     """Why a request field that would change the output cannot be honoured (None: absent, empty or harmless)."""
     if value is None or value == [] or value == {} or value == "":
         return None
-    if name == "modalities" and value == ["text"]:
+    if name in NEUTRAL and value == NEUTRAL[name]:
         return None
-    if name == "n_probs" and value == 0:
-        return None
-    if name == "best_of" and value == 1:
-        return None
-    if name in NEUTRAL and (value == NEUTRAL[name] or (name == "top_n_sigma" and isinstance(value, (int, float))
-                                                         and value <= 0)):
+    if name == "top_n_sigma" and isinstance(value, (int, float)) and value <= 0:      # llama.cpp: <= 0 is off
         return None
     return REFUSED_FIELDS[name]
 
@@ -63,8 +58,9 @@ REFUSED_FIELDS = {
     "stop_token_ids": "stop_token_ids is not supported (stop strings are)",
     "include_stop_str_in_output": "include_stop_str_in_output is not supported",
 }
-NEUTRAL = {"typical_p": 1, "mirostat": 0, "dry_multiplier": 0, "xtc_probability": 0, "dynatemp_range": 0,
-           "min_tokens": 0, "include_stop_str_in_output": False, "top_n_sigma": -1}   # values that change nothing
+NEUTRAL = {"modalities": ["text"], "n_probs": 0, "best_of": 1, "typical_p": 1, "mirostat": 0, "dry_multiplier": 0,
+           "xtc_probability": 0, "dynatemp_range": 0, "min_tokens": 0, "include_stop_str_in_output": False,
+           "top_n_sigma": -1}                                  # each refused field's value that changes nothing
 
 
 class _Sampling(BaseModel):
