@@ -141,7 +141,7 @@ class Runtime:
             return Batch.make(tokens, positions, seqs, logit_rows)
         if tables is None:
             tables = {s: self.static_blocks(s) for s in set(int(s) for s in seqs)}
-        return Batch.make(tokens, positions, seqs, logit_rows, tables)
+        return Batch.make(tokens, positions, seqs, logit_rows, tables, width=self.blocks_per_seq)
 
     def static_blocks(self, seq: int) -> list[int]:
         """The blocks of sequence seq when nobody hands out blocks (prefill, decode, generate): the seq-th whole

@@ -2,7 +2,7 @@
 """The benchmarks, one entry point:
 
     python scripts/bench.py mul-mat   [--reps 50] [--types q4_K,q8_0] [--ns 1,9,16] [--compare] [--graph]
-    python scripts/bench.py attention [--n 512] [--reps 20]
+    python scripts/bench.py attention [--n 512] [--reps 20] [--decode 4096,16384 --rows 1,32]
     python scripts/bench.py decode    MODEL [--npl 1,8,16,32] [--npp 128] [--ntg 128] [--scheduler | --churn]
     python scripts/bench.py http      MODEL [--clients 1,8,32,64] [--step-ms 10] [--slots 64]
 
@@ -28,6 +28,9 @@ attention: Prefill attention on the GPU at the real models' shapes: one sequence
 Times the attention kernel alone (10 back-to-back launches on a filled cache, / 10) with an f16 cache (tensor cores,
 attention_mma.cu) and an f32 cache (SIMT, attention.cu), medians of reps with CUDA events; TFLOPS counts the causal
 half of QK^T and PV (4 n^2/2 d flops per head).
+--decode DEPTHS times decode attention instead (attention_decode, through the backend: the rows' k, v stored too):
+--rows sequences of one query each at position DEPTH of a paged f16 cache (blocks of 16); KV GB/s counts the keys
+and values read.
 
 decode: Batched decode speed, llama-batched-bench style: B sequences each prefilled with npp random tokens, then ntg decode
 steps of all B at once (greedy, the argmax taken on the device); generated tokens/s = B * ntg / time of the steps.
@@ -268,7 +271,12 @@ def attention_main(argv):
     ap = argparse.ArgumentParser(prog="bench.py attention")
     ap.add_argument("--n", type=int, default=512)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--decode", default="", help="decode attention at these depths instead (4096,16384)")
+    ap.add_argument("--rows", default="1,32", help="--decode's sequences")
     args = ap.parse_args(argv)
+    if args.decode:
+        return decode_attention([int(v) for v in args.decode.split(",")], [int(v) for v in args.rows.split(",")],
+                                args.reps)
     n, rng = args.n, np.random.default_rng()
     batch = Batch.make(np.zeros(n), np.arange(n), np.zeros(n), np.array([n - 1]))
     print(f"prefill attention, {n} tokens from position 0, medians of {args.reps}\n")
@@ -285,9 +293,9 @@ def attention_main(argv):
             out = cp.empty((n, n_head, d), cp.float32)
             with be.stream:
                 be.attention(q, k, v, cache, 0, batch, d ** -0.5, None)      # stores k, v in the cache
-                args_ = (q, cache.k[0], cache.v[0], out, be._dev(batch.seq_ids), be._dev(batch.positions),
-                         np.int32(n), np.int32(n_head), np.int32(n_kv), np.int32(n), np.float32(d ** -0.5),
-                         np.int32(0))
+                tabs, paging = be._paging(batch, cache)
+                args_ = (q, cache.k[0], cache.v[0], out, tabs, be._dev(batch.positions), *paging, np.int32(n),
+                         np.int32(n_head), np.int32(n_kv), np.float32(d ** -0.5), np.int32(0), np.float32(0))
                 if kv_f32:
                     us = time_batched(lambda _: launch.attention_prefill_simt(d, ((n + 31) // 32, n_head), args_),
                                       [None], args.reps)
@@ -297,6 +305,32 @@ def attention_main(argv):
             flops = 4 * n * n / 2 * d * n_head
             cells += [f"{us:.1f}", f"{flops / (us * 1e-6) / 1e12:.1f}"]
         print(f"| {name} | {n_head} / {n_kv} / {d} | " + " | ".join(cells) + " |")
+
+
+def decode_attention(depths: list[int], rows: list[int], reps: int) -> None:
+    """Decode attention's time at the real models' shapes: `rows` queries at position depth, paged f16 cache."""
+    import cupy as cp
+
+    from engine.backends.cuda import CUDABackend
+    print(f"decode attention through the backend (k, v stored), paged f16 cache; medians of {reps}\n")
+    print("| model shape | depth | rows | us | KV GB/s |\n| --- | --- | --- | --- | --- |")
+    rng = np.random.default_rng()
+    for name, (n_head, n_kv, d) in SHAPES.items():
+        for depth in depths:
+            for b in rows:
+                be = CUDABackend(config=CudaConfig(graphs=False))
+                per = -(-(depth + 1) // 16)
+                cache = be.kv_cache(1, b * per, 16, n_kv, d)
+                for c in (cache.k[0], cache.v[0]):
+                    c[:] = cp.random.standard_normal(c.shape, dtype=cp.float32).astype(cp.float16)
+                batch = Batch.make(np.zeros(b), [depth] * b, np.arange(b), np.arange(b),
+                                   {s: list(range(s * per, (s + 1) * per)) for s in range(b)})
+                q = cp.asarray(rng.standard_normal((b, n_head, d)).astype(np.float32))
+                k, v = (cp.asarray(rng.standard_normal((b, n_kv, d)).astype(np.float32)) for _ in range(2))
+                with be.stream:
+                    us = time_batched(lambda _: be.attention(q, k, v, cache, 0, batch, d ** -0.5, None), [None], reps)
+                gbs = 2 * b * (depth + 1) * n_kv * d * 2 / (us * 1e-6) / 1e9
+                print(f"| {name} | {depth} | {b} | {us:.1f} | {gbs:.0f} |", flush=True)
 
 
 # ---- decode --------------------------------------------------------------------------------------------------------

@@ -29,6 +29,10 @@
 #   bash scripts/device.sh serve synth|smol [SECS]  serve_compare.sh on one model (1, 8, 32, 64 clients)
 #   bash scripts/device.sh bench [SECS]   synthetic 8B: engine core batched decode (raw and --scheduler) beside
 #                                         llama-batched-bench; then serve_compare.sh on the 8B and SmolLM2
+#   bash scripts/device.sh depth [D,..]   tg128 of one sequence after D tokens (default 4096,16384,32768) on the 8B,
+#                                         after 4096 on SmolLM2 and Gemma 3; llama-bench -d beside when built
+#   bash scripts/device.sh capacity [SECS]  the 8B in the KV memory of --parallel 32 --ctx 4096, 128 clients of 500
+#                                         tokens each (--parallel 128): errors, preemptions
 #   bash scripts/device.sh tp [N]         (N GPUs) synthetic 8B and 70B: engine bench -p 512 -n 128 at -tp 1 and N,
 #                                         llama-bench -sm layer / row beside when llama.cpp is built
 #   bash scripts/device.sh tp-serve [MODEL] [SECS] [N]  32 clients: engine serve -tp N, llama-server -sm layer / row
@@ -196,6 +200,29 @@ prefix)         # smol|synth|MODEL [SECS]: the shared-system-prompt load test, p
       --seconds $secs --max-tokens 32 --shared-prefix 2000 2>&1 | tail -1)" | tee -a "$OUT/prefix.log"
     kill $ep; wait $ep 2>/dev/null
   done ;;
+depth)          # [DEPTHS]: tg128 of one sequence after N tokens (bench.py decode --npp N): the 8B at DEPTHS,
+                #   SmolLM2 and Gemma 3 at 4096; llama-bench -d N beside when llama.cpp is built
+  depths=${2:-4096,16384,32768}; synth 8b
+  for m in $SYNTH $SMOL $GEMMA; do
+    ds=$depths; [ $m = $SYNTH ] || ds=4096
+    for d in ${ds//,/ }; do
+      echo "engine $(basename $m) d=$d $(python3 scripts/bench.py decode $m --npl 1 --npp $d --ntg 128 2>&1 | tail -1)" \
+        | tee -a "$OUT/depth.log"
+    done
+    [ -x $LLAMA/llama-bench ] && $LLAMA/llama-bench -m $m -ngl 99 -fa 1 -p 0 -n 128 -r 3 -d $ds 2>&1 | grep -E "^\|" \
+      | tee -a "$OUT/depth.log"
+  done ;;
+capacity)       # [SECS]: the 8B served with the KV memory --parallel 32 --ctx 4096 reserves (32 x 4096 positions),
+                #   --parallel 128: 128 clients each generating 500 tokens (12-token prompts)
+  secs=${2:-30}; synth 8b
+  gib=$(python3 -c "from engine.gguf import GGUFFile; from engine.model.config import ModelConfig as C
+c = C.from_gguf(GGUFFile('$SYNTH')); print(32 * 4096 * 2 * c.n_layer * c.n_head_kv * c.head_dim * 2 / 2**30)")
+  start_engine $SYNTH --parallel 128 --ctx 4096 --kv-memory $gib
+  grep -m1 "model loaded" /tmp/serve-engine.log | tee -a "$OUT/capacity.log"
+  echo "kv-memory $gib GiB, 128 clients, 500 tokens each: $(python3 scripts/load_test.py --url http://127.0.0.1:8090 \
+    --clients 128 --seconds $secs --max-tokens 500 2>&1 | tail -1)" | tee -a "$OUT/capacity.log"
+  curl -s http://127.0.0.1:8090/metrics | grep -E "^engine:(num_preemptions|kv_cache_usage)" | tee -a "$OUT/capacity.log"
+  kill $ep; wait $ep 2>/dev/null ;;
 tp)
   n=${2:-2}; synth 8b; synth 70b
   for m in $SYNTH /tmp/models/synth-70b.gguf; do
@@ -223,7 +250,7 @@ tp-serve)
   done ;;
 *)
   echo "usage: $0 wheels | setup | stage CHUNK... | first-token | gpu-tests | models [TREE] | kernels [ARGS] | decode |"
-  echo "       churn [B,..] | structured smol|synth [SECS] | prefix smol|synth [SECS] |"
+  echo "       churn [B,..] | depth [D,..] | capacity [SECS] | structured smol|synth [SECS] | prefix smol|synth [SECS] |"
   echo "       http | serve MODEL [SECS] | bench [SECS] | serve-engine MODEL CLIENTS SECS | tp [N] | tp-serve [MODEL] [SECS] [N]"
   exit 2 ;;
 esac

@@ -27,7 +27,7 @@ def test_canonical_names_match_demangled_symbols():
 
 def test_groups_split_families_by_kernel_and_first_argument():
     assert build.group_of("mmvq<12, 8, 0>") == "mmvq<12"
-    assert build.group_of("attention_split<u16, 4>") == "attention_split<u16"
+    assert build.group_of("attention_decode<u16, 128, 4, false>") == "attention_decode<u16"
     assert build.group_of("mmq_split_sum") == "mmq_split_sum"
     assert build.group_of("dequantize_f16<14>") == "dequantize_f16<14"
 

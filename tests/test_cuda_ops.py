@@ -100,54 +100,100 @@ def test_rope(backends, neox):
         np.testing.assert_allclose(y, cpu.rope(x, pos, freqs, neox, mscale), rtol=1e-5, atol=1e-5)
 
 
-# (mixed) two sequences in slots 1 and 0: a 6-token prefill continuing at position 3 and a one-token decode at 10,
-# few queries: the split-over-keys kernel; (prefill) 100 tokens of slot 0 from position 20: the tiled prefill
-# kernel; (two) 60 tokens of each of two slots: one warp per query; (decode) two decode steps deep in the context:
-# several chunks of keys per head; (decode_many) 40 sequences' decode rows, rows x heads past the GPU's block slots:
-# the split kernel with one chunk per head; (per_row) a replayed mixed step's layout, 40 rows each its own query
+# (mixed) two sequences: a 6-token prefill continuing at position 3 and a one-token decode at 10, few queries: the
+# decode kernel; (prefill) 100 tokens of one sequence from position 20: the tiled prefill kernel; (two) 60 tokens of
+# each of two sequences: one warp per query; (decode) two decode steps deep in the context: several chunks of keys
+# per head; (decode_many) 40 sequences' decode rows; (per_row) a replayed mixed step's layout, 40 rows each its own
+# query
 ATTENTION_BATCHES = {"mixed": ([1] * 6 + [0], list(range(3, 9)) + [10]),
                      "decode": ([0, 1], [100, 90]),
                      "decode_many": (list(range(40)), [(37 * i) % 120 + 1 for i in range(40)]),
                      "per_row": ([0, 1] + [2] * 20 + [3] * 18, [50, 7] + list(range(30, 50)) + list(range(100, 118))),
                      "prefill": ([0] * 100, list(range(20, 120))),
                      "two": ([1] * 60 + [0] * 60, list(range(60)) + list(range(5, 65)))}
+ATTENTION_HEADS = {64: (9, 3), 128: (8, 2), 256: (16, 1)}   # GQA groups of 3, 4 and 16 (two decode blocks of 8)
 
 
+def attention_caches(backend, rng, n_seq, n_ctx, n_kv, d, layout, spare=5):
+    """KV caches of random contents on the numpy backend and on `backend`, equal, and the sequences' block tables
+    (None: one whole-context block per sequence; paged: blocks of 16 in a random order, spare blocks among them)."""
+    import cupy as cp
+    bs = n_ctx if layout == "whole" else 16
+    per = n_ctx // bs
+    n_blocks = n_seq * per + (0 if layout == "whole" else spare)
+    tables = None
+    if layout == "paged":
+        order = rng.permutation(n_blocks)[:n_seq * per].reshape(n_seq, per)
+        tables = {s: order[s].tolist() for s in range(n_seq)}
+    contents = rng.standard_normal((2, n_blocks, bs, n_kv, d)).astype(np.float32)
+    ccache = CPUBackend().kv_cache(1, n_blocks, bs, n_kv, d)
+    ccache.k[0][:], ccache.v[0][:] = contents
+    gcache = backend.kv_cache(1, n_blocks, bs, n_kv, d)
+    gcache.k[0][:n_blocks] = cp.asarray(contents[0]).astype(gcache.k[0].dtype)   # past them: the spare pad block
+    gcache.v[0][:n_blocks] = cp.asarray(contents[1]).astype(gcache.v[0].dtype)
+    return ccache, gcache, tables
+
+
+@pytest.mark.parametrize("layout", ["whole", "paged"])
 @pytest.mark.parametrize("softcap", [0.0, 2.0])
 @pytest.mark.parametrize("window", [None, 5, 70])
 @pytest.mark.parametrize("kind", ATTENTION_BATCHES)
 @pytest.mark.parametrize("d", [64, 128, 256])
-def test_attention(backends, window, kind, d, softcap):
-    """Every attention kernel (decode plain and split, per-row, prefill on tensor cores and SIMT, two sequences)
-    against the numpy backend; softcap 2.0: Gemma 2's capped scores (the scaled scores here reach about 1-4)."""
+def test_attention(backends, window, kind, d, softcap, layout):
+    """Every attention kernel (decode, per-row, prefill on tensor cores and SIMT, two sequences) against the numpy
+    backend, over whole-context blocks and over paged ones; softcap 2.0: Gemma 2's capped scores (the scaled scores
+    here reach about 1-4)."""
     import cupy as cp
     cpu, gpu16, gpu32 = backends
     rng = np.random.default_rng()
-    n_head, n_kv, n_ctx = 8, 2, 128
+    n_head, n_kv = ATTENTION_HEADS[d]
+    n_ctx = 128
     seq_ids, positions = ATTENTION_BATCHES[kind]
     n, n_seq = len(seq_ids), max(2, max(seq_ids) + 1)
-    batch = Batch.make(np.zeros(n), positions, seq_ids, np.arange(n))
-    batch.per_row = kind == "per_row"
-    ccache = cpu.kv_cache(1, n_seq, n_ctx, n_kv, d)
-    history = rng.standard_normal((2, n_seq, n_ctx, n_kv, d)).astype(np.float32)  # what earlier steps stored
-    ccache.k[0][:], ccache.v[0][:] = history[0], history[1]
     q = rng.standard_normal((n, n_head, d)).astype(np.float32)
     k = rng.standard_normal((n, n_kv, d)).astype(np.float32)
     v = rng.standard_normal((n, n_kv, d)).astype(np.float32)
-    ref = cpu.attention(q, k, v, ccache, 0, batch, 0.125, window, softcap)
     for gpu, bound in [(gpu32, 1e-10), (gpu16, 1e-5)]:
-        gcache = gpu.kv_cache(1, n_seq, n_ctx, n_kv, d)
-        gcache.k[0][:n_seq] = cp.asarray(history[0]).astype(gcache.k[0].dtype)     # past them: the spare pad slot
-        gcache.v[0][:n_seq] = cp.asarray(history[1]).astype(gcache.v[0].dtype)
+        ccache, gcache, tables = attention_caches(gpu, rng, n_seq, n_ctx, n_kv, d, layout)
+        batch = Batch.make(np.zeros(n), positions, seq_ids, np.arange(n), tables)
+        batch.per_row = kind == "per_row"
+        if gpu is gpu16:                                 # the reference reads the f16 cache's values
+            ccache.k[0][:] = gcache.k[0][:-1].get()
+            ccache.v[0][:] = gcache.v[0][:-1].get()
+        ref = cpu.attention(q, k, v, ccache, 0, batch, 0.125, window, softcap)
         res = gpu.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), gcache, 0, batch, 0.125, window, softcap)
         out = res.get()
         assert nmse(out, ref) < bound, (gpu.kv_dtype, nmse(out, ref))
-        if gpu.acts.x is res:                           # the split kernel also wrote the output's q8_1 blocks
+        if gpu.acts.x is res:                           # the decode kernel also wrote the output's q8_1 blocks
             assert_q8_1_written(gpu, res)
             with forced(exact_decode=True):             # (at one row on 16-bit activations: the residual plane)
                 res = gpu.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), gcache, 0, batch, 0.125, window,
                                     softcap)
                 assert_q8_1_written(gpu, res)
+
+
+@pytest.mark.parametrize("layout", ["whole", "paged"])
+def test_decode_attention_batch_invariant(backends, layout):
+    """A decode row's attention is the same, bit for bit, alone and among 24 rows of other lengths: its chunks of
+    keys follow its own length (up to 4,000 keys: up to 32 chunks), never the batch; and it is the numpy backend's."""
+    import cupy as cp
+    cpu, gpu, _ = backends
+    rng = np.random.default_rng()
+    n_head, n_kv, d, n_ctx, n = 16, 4, 128, 4096, 24
+    positions = rng.integers(1, n_ctx, n)
+    _, gcache, tables = attention_caches(gpu, rng, n, n_ctx, n_kv, d, layout)
+    q = cp.asarray(rng.standard_normal((n, n_head, d)).astype(np.float32))
+    k, v = (cp.asarray(rng.standard_normal((n, n_kv, d)).astype(np.float32)) for _ in range(2))
+    batch = Batch.make(np.zeros(n), positions, np.arange(n), np.arange(n), tables)
+    together = gpu.attention(q, k, v, gcache, 0, batch, 0.125, None).get()
+    for i in rng.choice(n, 6, replace=False):
+        one = Batch.make([0], [positions[i]], [i], [0], None if tables is None else {int(i): tables[i]})
+        alone = gpu.attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], gcache, 0, one, 0.125, None).get()
+        assert np.array_equal(alone[0], together[i]), (i, positions[i])
+    ccache = CPUBackend().kv_cache(1, gcache.n_blocks - 1, gcache.block_size, n_kv, d)
+    ccache.k[0][:], ccache.v[0][:] = gcache.k[0][:-1].get(), gcache.v[0][:-1].get()
+    ref = cpu.attention(q.get(), k.get(), v.get(), ccache, 0, batch, 0.125, None)
+    assert nmse(together, ref) < 1e-5
 
 
 def test_glu_and_embed(backends):

@@ -19,14 +19,16 @@ class Batch:
     seq_ids: np.ndarray       # [n] int32, each token's sequence: its KV block when a block holds a whole context
     logit_rows: np.ndarray    # [n_out] int32, rows whose logits are wanted
     seq_ranges: list[tuple[int, int, int]] = field(default_factory=list)  # (seq_id, start, end) per sequence
-    block_tables: np.ndarray | None = None   # [len(seq_ranges), max blocks] int32: each sequence's KV blocks in
-                                             # order (None: its seq_id is its one block)
+    block_tables: np.ndarray | None = None   # [len(seq_ranges), width] int32: each sequence's KV blocks in order
+                                             # (None: its seq_id is its one block)
+    table_rows: np.ndarray | None = None     # [n] int32: each row's row of block_tables
     per_row: bool = False     # attention takes each row as its own query over the cache (a replayed mixed step's
                               # layout: its launches depend on the row count alone)
 
     @classmethod
-    def make(cls, tokens, positions, seq_ids, logit_rows, tables: dict | None = None) -> "Batch":
-        """tables: sequence id -> its KV blocks (a paged cache), for every sequence in the batch."""
+    def make(cls, tokens, positions, seq_ids, logit_rows, tables: dict | None = None, width: int = 0) -> "Batch":
+        """tables: sequence id -> its KV blocks (a paged cache), for every sequence in the batch; block_tables has
+        at least width columns (a runtime's blocks per sequence: every step's tables the same shape)."""
         tokens = np.asarray(tokens, np.int32)
         positions = np.asarray(positions, np.int32)
         seq_ids = np.asarray(seq_ids, np.int32)
@@ -35,12 +37,16 @@ class Batch:
             if i == len(seq_ids) or seq_ids[i] != seq_ids[start]:
                 ranges.append((int(seq_ids[start]), start, i))
                 start = i
-        block_tables = None
+        block_tables = table_rows = None
         if tables is not None:
-            block_tables = np.zeros((len(ranges), max((len(tables[s]) for s, _, _ in ranges), default=1)), np.int32)
-            for r, (s, _, _) in enumerate(ranges):
+            longest = max((len(tables[s]) for s, _, _ in ranges), default=1)
+            block_tables = np.zeros((len(ranges), max(width, longest)), np.int32)
+            table_rows = np.empty(len(seq_ids), np.int32)
+            for r, (s, a, b) in enumerate(ranges):
                 block_tables[r, :len(tables[s])] = tables[s]
-        return cls(tokens, positions, seq_ids, np.asarray(logit_rows, np.int32), ranges, block_tables=block_tables)
+                table_rows[a:b] = r
+        return cls(tokens, positions, seq_ids, np.asarray(logit_rows, np.int32), ranges, block_tables=block_tables,
+                   table_rows=table_rows)
 
     def is_one_run(self) -> bool:
         """One sequence at consecutive positions."""

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..cuda import build, dispatch, launch
 from ..cuda import sampling as device_sampling
-from ..cuda.build import ATTENTION_HEAD_CHUNKS, PREFILL_HEAD_DIMS, kernel
+from ..cuda.build import ATTENTION_HEAD_CHUNKS, DECODE_GROUPS, DECODE_HEAD_DIMS, PREFILL_HEAD_DIMS, kernel
 from ..cuda.config import CudaConfig, configure
 from ..cuda.weights import GPUWeight, upload
 from ..gguf import TensorInfo
@@ -34,16 +34,36 @@ def norm_threads(d: int) -> int:
 
 
 def attention_head_chunks(head_dim: int) -> int:
-    """The MAXE of the attention / attention_split kernel taking head_dim (kernels/attention.cu): the fewest 32-value
-    chunks of build.ATTENTION_HEAD_CHUNKS holding it (registers for the keys loaded together)."""
+    """The MAXE of the attention kernel taking head_dim (kernels/attention.cu): the fewest 32-value chunks of
+    build.ATTENTION_HEAD_CHUNKS holding it (registers for the keys loaded together)."""
     return next(e for e in ATTENTION_HEAD_CHUNKS if 32 * e >= head_dim)
 
 
-ATTENTION_TICKETS = 128 * 128     # attention_split's counters: rows x heads of one launch (a mixed step's 128 rows)
+def decode_kernel(kv_type: str, head_dim: int, group: int, softcap: float) -> str:
+    """attention_decode's instantiation for a GQA group of `group` query heads (kernels/attention.cu: DP the smallest
+    of DECODE_HEAD_DIMS holding head_dim, GMAX decode_group_max)."""
+    dp = next(h for h in DECODE_HEAD_DIMS if h >= head_dim)
+    return f"attention_decode<{kv_type}, {dp}, {decode_group_max(group)}, {'true' if softcap else 'false'}>"
+
+
+def decode_group_max(group: int) -> int:
+    """The query heads one attention_decode block takes: the smallest of DECODE_GROUPS holding the group, else the
+    largest (a group then takes several blocks)."""
+    return next((g for g in DECODE_GROUPS if g >= group), DECODE_GROUPS[-1])
+
+
+def decode_chunks(max_keys: int) -> int:
+    """attention_decode's chunks for a sequence of max_keys keys at most: its part buffer's chunk stride."""
+    c = build.constants("attention")
+    return min(c["DECODE_MAX_CHUNKS"], -(-max_keys // c["DECODE_CHUNK_KEYS"]))
+
+
+ATTENTION_TICKETS = 128 * 128     # attention_decode's counters: rows x blocks per row of a launch (a mixed step's 128)
 
 
 class CUDABackend(Backend):
     name = "cuda"
+    paged_kv = True
 
     def __init__(self, kv_f32: bool = False, config: CudaConfig | None = None):
         self.config = config or CudaConfig()
@@ -55,7 +75,7 @@ class CUDABackend(Backend):
         self._device_arrays: dict[int, tuple[np.ndarray, cp.ndarray]] = {}
         self._bound: dict[int, tuple[np.ndarray, cp.ndarray]] = {}
         self.acts = dispatch.Activations()     # q8_1 / f16 forms of the last activation multiplied
-        self._tickets = cp.zeros(ATTENTION_TICKETS, cp.int32)   # attention_split's counters, one per (row, head)
+        self._tickets = cp.zeros(ATTENTION_TICKETS, cp.int32)   # attention_decode's counters, per (row, KV group)
         self._host_f64: dict[int, tuple[np.ndarray, cp.ndarray]] = {}    # a model's rope frequencies, on the device
         self._qtypes: set[int] = set()          # the weights' GGML types (the kernels to load)
 
@@ -190,99 +210,117 @@ class CUDABackend(Backend):
                                     np.float32(mscale)))
         return y
 
-    def kv_cache(self, n_layer, n_seq, n_ctx, n_head_kv, head_dim):
-        cache = KVCache(cp, n_layer, n_seq + 1, n_ctx, n_head_kv, head_dim, self.kv_dtype)
-        cache.pad_slot = n_seq                   # graph replays of decode steps pad their batch with this slot
+    def kv_cache(self, n_layer, n_blocks, block_size, n_head_kv, head_dim):
+        cache = KVCache(cp, n_layer, n_blocks + 1, block_size, n_head_kv, head_dim, self.kv_dtype)
+        cache.pad_slot = n_blocks                # graph replays pad their batch with rows writing this spare block
+        cache.whole_tables = cp.arange(n_blocks + 1, dtype=cp.int32)   # [n_blocks + 1]: block i is row i's table
         return cache
 
     def attention(self, q, k, v, cache, layer, batch: Batch, scale, window, softcap=0.0):
         n, n_head, d = q.shape
         if d % 32 or d > 256:
             raise ValueError(f"head_dim {d} is not supported by the attention kernel (a multiple of 32, <= 256)")
-        seq_ids, positions = self._dev(batch.seq_ids), self._dev(batch.positions)
+        tabs, paging = self._paging(batch, cache)
+        positions = self._dev(batch.positions)
         k = cp.ascontiguousarray(k, dtype=cp.float32)
         v = cp.ascontiguousarray(v, dtype=cp.float32)
         q = cp.ascontiguousarray(q, dtype=cp.float32)
-        ctx = (cache, layer, scale, window, softcap)
+        ctx = (cache, layer, scale, window, softcap, paging)
         if batch.per_row:                                            # every row its own query: store all k, v first
-            self._kv_store(k, v, seq_ids, positions, ctx)
-            n_split = self._n_split(n, n_head)
-            if n_split:
-                return self._attention_split(q, None, None, seq_ids, positions, n_split, ctx)
+            self._kv_store(k, v, tabs, positions, ctx)
+            if self._decode_fits(n, n_head, ctx):
+                return self._attention_decode(q, None, None, tabs, positions, ctx)
             out = cp.empty((n, n_head, d), cp.float32)
-            self._attention_plain(q, seq_ids, positions, out, ctx)
+            self._attention_plain(q, tabs, positions, out, ctx)
             return out.reshape(n, n_head * d)
         n_decode = batch.n_single_prefix()                          # leading one-token sequences: decode rows
         if len(batch.seq_ranges) == 1 or n_decode == n:              # one prefill ubatch, or a decode step
-            n_split = self._n_split(n, n_head)
-            if n_split >= 2 or (n_split and n_decode == n):          # few queries, or decode rows: split kernel
-                if n_decode == n:                                    # ... the split kernel stores k, v itself
-                    return self._attention_split(q, k, v, seq_ids, positions, n_split, ctx)
-                self._kv_store(k, v, seq_ids, positions, ctx)
-                return self._attention_split(q, None, None, seq_ids, positions, n_split, ctx)
-            self._kv_store(k, v, seq_ids, positions, ctx)
+            if self._decode_fits(n, n_head, ctx) and (n_decode == n or n * n_head <= 2 * self.n_sm):
+                if n_decode == n:                                    # decode rows: the kernel stores k, v itself
+                    return self._attention_decode(q, k, v, tabs, positions, ctx)
+                self._kv_store(k, v, tabs, positions, ctx)           # few queries of one sequence
+                return self._attention_decode(q, None, None, tabs, positions, ctx)
+            self._kv_store(k, v, tabs, positions, ctx)
             if batch.is_one_run():
-                return self._attention_run(q, seq_ids, positions, ctx).reshape(n, n_head * d)
+                return self._attention_run(q, tabs, positions, ctx).reshape(n, n_head * d)
             out = cp.empty((n, n_head, d), cp.float32)
-            self._attention_plain(q, seq_ids, positions, out, ctx)
+            self._attention_plain(q, tabs, positions, out, ctx)
             return out.reshape(n, n_head * d)
-        self._kv_store(k, v, seq_ids, positions, ctx)              # mixed: decode rows first, then prefill chunks
+        self._kv_store(k, v, tabs, positions, ctx)                 # mixed: decode rows first, then prefill chunks
         out = cp.empty((n, n_head, d), cp.float32)                   # out: [n, n_head, head_dim]
         if n_decode:                                                 # mixed: the decode rows together ...
-            n_split = self._n_split(n_decode, n_head)
             rows = slice(0, n_decode)
-            if n_split:
-                out[rows] = self._attention_split(q[rows], None, None, seq_ids[rows], positions[rows], n_split,
-                                                  ctx).reshape(n_decode, n_head, d)
+            if self._decode_fits(n_decode, n_head, ctx):
+                out[rows] = self._attention_decode(q[rows], None, None, tabs[rows], positions[rows],
+                                                   ctx).reshape(n_decode, n_head, d)
             else:
-                self._attention_plain(q[rows], seq_ids[rows], positions[rows], out[rows], ctx)
+                self._attention_plain(q[rows], tabs[rows], positions[rows], out[rows], ctx)
         for _, a, b in batch.seq_ranges:                             # ... then each prefill chunk
             if b - a > 1 or a >= n_decode:
                 rows = slice(a, b)
-                out[rows] = self._attention_run(q[rows], seq_ids[rows], positions[rows], ctx)
+                out[rows] = self._attention_run(q[rows], tabs[rows], positions[rows], ctx)
         return out.reshape(n, n_head * d)
 
-    def _n_split(self, n: int, n_head: int) -> int:
-        """Key chunks per (token, head) of attention_split: enough blocks for 4 per SM, at most 32, at least 1 (its
-        four warps per (token, head) keep more loads in flight than the one-warp kernel: 40.6 -> 29.3 us per layer
-        of a 32-sequence decode step of the 8B, ncu); 0 where its counters do not reach the rows x heads."""
-        if n * n_head > ATTENTION_TICKETS:
-            return 0
-        return max(1, min(32, 4 * self.n_sm // (n * n_head)))
+    def _paging(self, batch: Batch, cache) -> tuple:
+        """-> (tabs, (tables, width, shift, rows)): each row's block-table row on the device, and the paging
+        kernels/attention.cu reads keys through. A batch without block tables names each row's one whole-context
+        block by its seq_id (a one-entry table each)."""
+        bs = cache.block_size
+        if batch.block_tables is None:
+            return self._dev(batch.seq_ids), (cache.whole_tables, np.int32(1), np.int32(31), np.int32(bs))
+        if bs & (bs - 1):
+            raise ValueError(f"a paged KV cache needs blocks of a power of two positions, not {bs}")
+        return self._dev(batch.table_rows), (self._dev(batch.block_tables), np.int32(batch.block_tables.shape[1]),
+                                             np.int32(bs.bit_length() - 1), np.int32(bs))
+
+    @staticmethod
+    def _max_keys(ctx) -> int:
+        """The most keys a row of the batch can attend to: its table's positions, or the window."""
+        window, (_, width, shift, rows) = ctx[3], ctx[5]
+        keys = int(rows) if int(shift) == 31 else int(width) * int(rows)
+        return min(keys, window) if window else keys
+
+    @staticmethod
+    def _decode_blocks(n_head: int, ctx) -> int:
+        """attention_decode's blocks per query row (grid y): each KV head's group of query heads, GMAX at a time."""
+        n_kv = ctx[0].k[ctx[1]].shape[2]
+        group = n_head // n_kv
+        return n_kv * -(-group // decode_group_max(group))
+
+    def _decode_fits(self, n: int, n_head: int, ctx) -> bool:
+        """Whether attention_decode's counters reach n rows' blocks."""
+        return n * self._decode_blocks(n_head, ctx) <= ATTENTION_TICKETS
 
     @staticmethod
     def _kv_type(cache, layer) -> str:
         return "float" if cache.k[layer].dtype == cp.float32 else "u16"
 
-    def _kv_store(self, k, v, seq_ids, positions, ctx) -> None:
-        cache, layer = ctx[:2]
+    def _kv_store(self, k, v, tabs, positions, ctx) -> None:
+        cache, layer, paging = ctx[0], ctx[1], ctx[5]
         n, row = k.shape[0], k.shape[1] * k.shape[2]
         kernel("attention", f"kv_store<{self._kv_type(cache, layer)}>")(
-            ((n * row + 255) // 256,), (256,), (k, v, cache.k[layer], cache.v[layer], seq_ids, positions,
-                                                np.int32(n), np.int32(cache.n_ctx), np.int32(row)))
+            ((n * row + 255) // 256,), (256,), (k, v, cache.k[layer], cache.v[layer], tabs, positions, *paging,
+                                                np.int32(n), np.int32(row)))
 
-    @staticmethod
-    def _tail(q, seq_ids, positions, ctx) -> tuple:
-        """The arguments attention and attention_split take after their arrays."""
-        cache, layer, scale, window, softcap = ctx
-        return (seq_ids, positions, np.int32(q.shape[1]), np.int32(cache.k[layer].shape[2]), np.int32(q.shape[2]),
-                np.int32(cache.n_ctx), np.float32(scale), np.int32(window or 0), np.float32(softcap))
-
-    def _attention_split(self, q, k, v, seq_ids, positions, n_split, ctx):
-        """Few query tokens (decode), split over the keys; stores k, v first when given. -> [n, n_head*head_dim],
-        with its q8_1 blocks registered for the next mul_mat."""
-        cache, layer = ctx[:2]
+    def _attention_decode(self, q, k, v, tabs, positions, ctx):
+        """Few query tokens (decode), flash-decoding over the keys; stores k, v first when given.
+        -> [n, n_head*head_dim], with its q8_1 blocks registered for the next mul_mat."""
+        cache, layer, scale, window, softcap, paging = ctx
         n, n_head, d = q.shape
+        n_kv, blocks = cache.k[layer].shape[2], self._decode_blocks(n_head, ctx)
+        max_chunks = decode_chunks(self._max_keys(ctx))
+        n_split = max(1, min(max_chunks, -(-4 * self.n_sm // (n * blocks))))   # 4 blocks per SM
         out = cp.empty((n, n_head, d), cp.float32)
-        part = cp.empty((n, n_head, n_split, d + 2), cp.float32)     # per chunk: max, sum, output[head_dim]
-        q8 = self._q8_1_planes(n, n_head * d)                        # out as q8_1 (and its residual plane)
-        kernel("attention", f"attention_split<{self._kv_type(cache, layer)}, {attention_head_chunks(d)}, "
-                            f"{'true' if ctx[4] else 'false'}>")(
-            (n, n_head, n_split), (32, 4),
-            (q, cache.k[layer], cache.v[layer], out, *self._tail(q, seq_ids, positions, ctx), part,
-             self._tickets, *(*q8, np.uint64(0))[:3], *((k, v) if k is not None else (np.uint64(0),) * 2)))
+        part = cp.empty((n, n_head, max_chunks, d + 4), cp.float32)  # per chunk: max, sum, -, -, output[head_dim]
+        qs, ds, *rs = self._q8_1_planes(n, n_head * d)               # out as q8_1 (and its residual plane)
+        none = np.uint64(0)
+        kernel("attention", decode_kernel(self._kv_type(cache, layer), d, n_head // n_kv, softcap))(
+            (n, blocks, n_split), (32, build.constants("attention")["DECODE_WARPS"]),
+            (q, cache.k[layer], cache.v[layer], out, tabs, positions, *paging, np.int32(n_head), np.int32(n_kv),
+             np.int32(d), np.float32(scale), np.int32(window or 0), np.float32(softcap), part, np.int32(max_chunks),
+             self._tickets, qs, ds, rs[0] if rs else none, *((k, v) if k is not None else (none, none))))
         out = out.reshape(n, n_head * d)
-        self.acts.put_q8_1(out, q8)
+        self.acts.put_q8_1(out, (qs, ds, *rs))
         return out
 
     @staticmethod
@@ -292,24 +330,25 @@ class CUDABackend(Backend):
         q8 = (cp.empty((rows, d), cp.int8), cp.empty((rows, d // 8), cp.float32))
         return q8 + (cp.empty((rows, d), cp.int8),) if dispatch.residual_rows(rows) else q8
 
-    def _attention_plain(self, q, seq_ids, positions, out, ctx) -> None:
-        cache, layer = ctx[:2]
+    def _attention_plain(self, q, tabs, positions, out, ctx) -> None:
+        cache, layer, scale, window, softcap, paging = ctx
         n, n_head, d = q.shape
         kernel("attention", f"attention<{self._kv_type(cache, layer)}, {attention_head_chunks(d)}, "
-                            f"{'true' if ctx[4] else 'false'}>")(
-            (n, n_head), (32,), (q, cache.k[layer], cache.v[layer], out, *self._tail(q, seq_ids, positions, ctx)))
+                            f"{'true' if softcap else 'false'}>")(
+            (n, n_head), (32,), (q, cache.k[layer], cache.v[layer], out, tabs, positions, *paging, np.int32(n_head),
+                                 np.int32(cache.k[layer].shape[2]), np.int32(d), np.float32(scale),
+                                 np.int32(window or 0), np.float32(softcap)))
 
-    def _attention_run(self, q, seq_ids, positions, ctx):
+    def _attention_run(self, q, tabs, positions, ctx):
         """Query tokens of one sequence at consecutive positions (a prefill chunk) -> [n, n_head, head_dim]."""
-        cache, layer, scale, window, softcap = ctx
+        cache, layer, scale, window, softcap, paging = ctx
         n, n_head, d = q.shape
         out = cp.empty((n, n_head, d), cp.float32)
         if d not in PREFILL_HEAD_DIMS or n == 1:
-            self._attention_plain(q, seq_ids, positions, out, ctx)
+            self._attention_plain(q, tabs, positions, out, ctx)
             return out
-        pargs = (q, cache.k[layer], cache.v[layer], out, seq_ids, positions, np.int32(n), np.int32(n_head),
-                 np.int32(cache.k[layer].shape[2]), np.int32(cache.n_ctx), np.float32(scale), np.int32(window or 0),
-                 np.float32(softcap))
+        pargs = (q, cache.k[layer], cache.v[layer], out, tabs, positions, *paging, np.int32(n), np.int32(n_head),
+                 np.int32(cache.k[layer].shape[2]), np.float32(scale), np.int32(window or 0), np.float32(softcap))
         if self._kv_type(cache, layer) == "u16":                     # f16 tensor cores
             launch.attention_prefill_mma(d, ((n + 15) // 16, n_head), pargs)
         else:

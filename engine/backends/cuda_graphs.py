@@ -1,12 +1,14 @@
 """Forward passes replayed as CUDA graphs.
 
 Three kinds of step are captured, each keyed by its shape; a later step of the same key copies its tokens, positions
-and sequence slots (and logit rows) into the graph's input buffers and replays it. Every kernel reads positions and
-slots from device memory, so one graph serves every step of its shape.
+and each row's block-table row (and the block tables, and logit rows) into the graph's input buffers and replays it.
+Every kernel reads positions and tables from device memory, so one graph serves every step of its shape: a runtime's
+tables are all as wide as a sequence's context (Batch.make's width). A cache of one whole-context block per sequence
+has no tables: the rows name their blocks (seq_ids).
 
 - decode: 1..MAX_DECODE_BATCH sequences, one token each, every row's logits; one graph per batch-size bucket
   (DECODE_BUCKETS), captured at its first step. A step of fewer sequences than its bucket is padded with rows that
-  write the KV cache's spare slot (cache.pad_slot) and whose logits are dropped.
+  write the KV cache's spare block (cache.pad_slot; their table rows hold only it) and whose logits are dropped.
 - mixed: decode rows beside short prefill chunks (a server's step: at most MAX_MIXED_ROWS rows, MAX_MIXED_PREFILL of
   them prefill), one graph per row bucket (ROW_BUCKETS), padded likewise; its logit rows are padded to
   mixed_logit_rows() (extra rows repeat the last), so one graph serves every step of that many rows. Attention then
@@ -43,7 +45,8 @@ class CapturedStep:
     """A captured step and every buffer it reads or writes outside its own pool (held: the graph has their
     addresses)."""
     graph: object          # cupy.cuda.Graph
-    inputs: cp.ndarray     # [3, n] int32: tokens, positions, sequence slots
+    inputs: cp.ndarray     # [3, n] int32: tokens, positions, each row's table row (or block: seq_ids)
+    tables: cp.ndarray | None   # [rows, width] int32: the block tables (None: whole-context blocks)
     rows: cp.ndarray       # [n_out] int32: the logit rows
     logits: object         # [n_out, n_vocab] f32 written by every replay (None: a ubatch that only fills the cache)
     owners: tuple          # (model, cache): kept alive, so their ids (the key) are not reused
@@ -68,25 +71,31 @@ class StepGraphs:
                 (not padded and id(model) in self.no_prefill):
             return self._eager(model, batch, cache)
         n, n_out = len(batch.tokens), len(batch.logit_rows)
-        host = np.stack([batch.tokens, batch.positions, batch.seq_ids]).astype(np.int32)   # [3, n]
+        paged = batch.block_tables is not None
+        host = np.stack([batch.tokens, batch.positions, batch.table_rows if paged else batch.seq_ids]).astype(np.int32)
+        tables = batch.block_tables                                      # [3, n] above; [n_tables, width]
         logit_rows = batch.logit_rows
         if padded and cache.pad_slot is not None:
             size = bucket(n, DECODE_BUCKETS if kind == "decode" else ROW_BUCKETS)
-            pad = size - n                                               # rows writing the spare slot at position 0
+            pad = size - n                                               # rows writing the spare block at position 0
+            if paged:                                                    # tables past the batch's: the spare block
+                tables = np.full((size, tables.shape[1]), cache.pad_slot, np.int32)
+                tables[:len(batch.block_tables)] = batch.block_tables
             if pad:
-                host = np.concatenate([host, np.array([[0] * pad, [0] * pad, [cache.pad_slot] * pad], np.int32)], 1)
+                spare = len(batch.block_tables) if paged else cache.pad_slot
+                host = np.concatenate([host, np.array([[0] * pad, [0] * pad, [spare] * pad], np.int32)], 1)
             if kind == "decode":
                 logit_rows = np.arange(size, dtype=np.int32)
             else:
                 extra = mixed_logit_rows(size, n_out) - n_out
                 logit_rows = np.concatenate([logit_rows, np.full(extra, logit_rows[-1], np.int32)])
-        key = (id(model), id(cache), kind, host.shape[1], len(logit_rows))
+        key = (id(model), id(cache), kind, host.shape[1], len(logit_rows), None if tables is None else tables.shape)
         table = self.steps if padded else self.prefill
         if key not in table:
             self.seen[key] += 1
             if not padded and self.seen[key] < 2:
                 return self._eager(model, batch, cache)
-            logits, step = self._capture(model, cache, host, logit_rows, per_row=kind == "mixed")
+            logits, step = self._capture(model, cache, host, tables, logit_rows, per_row=kind == "mixed")
             if padded:
                 table[key] = step
             elif step is None:
@@ -103,6 +112,8 @@ class StepGraphs:
             table.move_to_end(key)
         stream = self.backend.stream
         step.inputs.set(host, stream=stream)
+        if tables is not None:
+            step.tables.set(tables, stream=stream)
         if kind == "mixed":
             step.rows.set(logit_rows.astype(np.int32), stream=stream)
         step.graph.launch(stream=stream)
@@ -113,19 +124,25 @@ class StepGraphs:
         with self.backend.stream:
             return model.forward(batch, cache)
 
-    def _capture(self, model, cache, host: np.ndarray, logit_rows: np.ndarray, per_row: bool = False):
+    def _capture(self, model, cache, host: np.ndarray, tables: np.ndarray | None, logit_rows: np.ndarray,
+                 per_row: bool = False):
         B, stream = self.backend, self.backend.stream
         if self.pool is None:
             self.pool = cp.cuda.MemoryPool()
         pool = self.pool
         with stream:
             inputs = cp.asarray(host)                                         # [3, n] int32
+            dev_tables = None if tables is None else cp.asarray(tables)       # [n_tables, width] int32
             rows = cp.asarray(logit_rows.astype(np.int32))                    # [n_out] int32
         stream.synchronize()
         batch = Batch.make(host[0], host[1], host[2], logit_rows)
         batch.per_row = per_row
-        for arr, dev in ((batch.tokens, inputs[0]), (batch.positions, inputs[1]), (batch.seq_ids, inputs[2]),
-                         (batch.logit_rows, rows)):
+        bound = [(batch.tokens, inputs[0]), (batch.positions, inputs[1]), (batch.seq_ids, inputs[2]),
+                 (batch.logit_rows, rows)]
+        if tables is not None:                          # the rows' table rows are inputs[2]; seq_ids are not read
+            batch.block_tables, batch.table_rows = tables, batch.seq_ids
+            bound.append((tables, dev_tables))
+        for arr, dev in bound:
             B.bind(arr, dev)
         try:
             with stream, cp.cuda.using_allocator(pool.malloc):
@@ -149,4 +166,4 @@ class StepGraphs:
                     B.acts.clear()
         finally:
             B.unbind()
-        return eager, CapturedStep(graph, inputs, rows, logits, (model, cache))
+        return eager, CapturedStep(graph, inputs, dev_tables, rows, logits, (model, cache))

@@ -32,7 +32,9 @@ COMPILE_OPTIONS = ("--std=c++17",)
 NVCC_OPTIONS = ("-ftz=true",)          # CuPy's NVRTC compiles with -ftz=true: the prebuilt cubins match its code
 PREFILL_HEAD_DIMS = (64, 128, 256)     # attention_prefill (attention.cu), attention_prefill_mma instantiations
 TC_WIDE_NCOLS = (24, 32, 40, 48, 56, 64)   # mmvq.cu's mmvq_tc_q4_K past 16 columns (launch.py takes it from here)
-ATTENTION_HEAD_CHUNKS = (2, 4, 8)      # attention.cu's attention / attention_split: head_dim / 32 up to this many
+ATTENTION_HEAD_CHUNKS = (2, 4, 8)      # attention.cu's attention: head_dim / 32 up to this many
+DECODE_HEAD_DIMS = (64, 128, 256)      # attention.cu's attention_decode: head_dim padded to one of these
+DECODE_GROUPS = (1, 2, 4, 8)           # ... and the query heads of a GQA group one block takes
 TYPE_ALIASES = {"u16": "unsigned short"}     # common.cuh's typedefs as a demangled symbol spells them
 TYPED_KERNELS = ("mmvq", "mmvq_pieces", "mmq", "dequantize_f16", "dequantize_f32")   # first template argument: a type
 Q4_K_KERNELS = ("mmvq_tc_q4_K", "mmvq_q4_K_pairs", "mmq_q4_K")                       # Q4_K's own
@@ -77,8 +79,10 @@ def name_expressions(family: str) -> list[str]:
         return ["rms_norm", "add_rms_norm"]
     if family == "attention":
         return [f"kv_store<{t}>" for t in ("u16", "float")] + [
-            f"{k}<{t}, {e}, {c}>" for k in ("attention", "attention_split") for t in ("u16", "float")
-            for e in ATTENTION_HEAD_CHUNKS for c in ("false", "true")] + [
+            f"attention<{t}, {e}, {c}>" for t in ("u16", "float") for e in ATTENTION_HEAD_CHUNKS
+            for c in ("false", "true")] + [
+            f"attention_decode<{t}, {d}, {g}, {c}>" for t in ("u16", "float") for d in DECODE_HEAD_DIMS
+            for g in DECODE_GROUPS for c in ("false", "true")] + [
             f"attention_prefill<float, {d}>" for d in PREFILL_HEAD_DIMS]
     if family == "attention_mma":
         return [f"attention_prefill_mma<{d}>" for d in PREFILL_HEAD_DIMS]

@@ -1,44 +1,60 @@
 // Attention over the KV cache, GQA, causal with an optional sliding window; fp32 online softmax.
 //
+// The cache is paged: cache_k, cache_v : [n_blocks, rows, n_kv, head_dim] f16 (or f32 with KV_F32), and position j
+// of the sequence whose block table is row `tab` of tables ([*, width] int32) sits in cache row
+// tables[tab * width + (j >> shift)] * rows + (j & (2^shift - 1)) (KVRows). Blocks of 2^shift = rows positions;
+// a cache of one block per sequence's whole context is shift 31, rows n_ctx, and a one-entry table per sequence.
+// Every kernel takes (tabs : [n] int32, each query row's table row; tables, width, shift, rows).
+//
 // kv_store: write this batch's k, v into the cache.
-//   k, v : [n, n_kv, head_dim] f32; cache_k, cache_v : [n_seq, n_ctx, n_kv, head_dim] f16 (or f32 with KV_F32)
+//   k, v : [n, n_kv, head_dim] f32
 //   Launch rule: one thread per element; block 256.
 //
 // attention: one warp per (query token, head); the warp streams the keys p-window+1..p of the token's sequence
 // (p = its position), each lane holding head_dim/32 of q and of the output, with an online softmax in fp32.
-//   q : [n, n_head, head_dim] f32; out : [n, n_head, head_dim] f32; seq_ids, positions : [n] int32
+//   q : [n, n_head, head_dim] f32; out : [n, n_head, head_dim] f32; positions : [n] int32
 //   Launch rule: grid (n, n_head), block 32; head_dim a multiple of 32, at most 32 * MAXE (2, 4 or 8: the
 //   instantiation taking head_dim, backends/cuda.py attention_head_chunks).
 //
-// attention_split: the same attention for few query tokens (decode), split over the keys so that
-// n * n_head * n_split blocks fill the GPU. Block z of a (token, head) takes the z-th of n_split equal chunks of the
-// token's keys (chunk sizes follow the position read on the device, so a CUDA graph stays valid as the context
-// grows); only as many chunks as give each at least MIN_SPLIT_KEYS keys are used (the other blocks return at once).
-// A block's 4 warps take every 4th key of its chunk and merge their softmax states through shared memory, then write
-// the chunk's state to part. The last block of the (token, head) to finish (a ticket from counters, which it resets
-// to 0 for the next launch) merges the chunks' states into out, and, when qs is not null, writes out's q8_1 blocks
-// (qs : [n, n_head * head_dim] int8, ds : [n, n_head * head_dim / 16] float2, as quantize_q8_1 writes them), and
-// when rs is not null their residual plane (rs : as qs; common.cuh warp_store_q8_1).
-// When k_new, v_new ([n, n_kv, head_dim] f32) are given - a decode step, one token per sequence, so no block reads
-// another token's new key - the blocks of the last chunk store their token's k, v in the cache before reading it
-// (kv_store's work, one launch less; the blocks of a GQA group write the same values).
-//   part : [n, n_head, n_split, head_dim + 2] f32, per chunk (max score m, sum l, unnormalized output[head_dim])
-//   counters : [n * n_head] int32, zero before the launch (and after it)
-//   Launch rule: grid (n, n_head, n_split), n_split <= 32, block (32, 4).
+// attention_decode: the same attention for few query tokens (decode), flash-decoding: a block takes one query token
+// and one KV head's GQA group of query heads (at most GMAX of them; a group of more takes several blocks), so each
+// key and value is read once for the group. The keys p-window+1..p split into chunks whose size depends on the
+// sequence's length alone (decode_chunk: DECODE_CHUNK_KEYS, more where the length needs over DECODE_MAX_CHUNKS of
+// them), never on the batch: block z of n_split takes chunks z, z + n_split, .... Within a block DP / 8 lanes hold
+// a key's head_dim (8 values each, 16-byte loads), so a warp takes 32 / (DP / 8) keys at a time, DECODE_KEYS of
+// those loaded together; each key group keeps an online softmax per query head; at the chunk's end the groups merge
+// (shuffles, then the 4 warps through shared memory) into the chunk's state in part. The last block of the (token,
+// group) to finish (a ticket from counters, reset to 0 for the next launch) merges the chunks' states in chunk
+// order into out, so a token's output does not depend on n_split or on the other rows of the batch. When qs is not
+// null it writes out's q8_1 blocks (qs : [n, n_head * head_dim] int8, ds : [n, n_head * head_dim / 16] float2, as
+// quantize_q8_1 writes them), and when rs is not null their residual plane (rs : as qs; common.cuh
+// warp_store_q8_1). When k_new, v_new ([n, n_kv, head_dim] f32) are given - a decode step, one token per sequence,
+// so no block reads another token's new key - the block that takes the last chunk stores its token's k, v in the
+// cache before reading it (kv_store's work, one launch less).
+//   part : [n, n_head, max_chunks, head_dim + 4] f32, per chunk (max score m, sum l, 2 unused, unnormalized
+//   output[head_dim]);
+//   max_chunks >= the chunks of the longest sequence (decode_chunks); counters : [n * gridDim.y] int32, zero before
+//   the launch (and after it)
+//   Launch rule: grid (n, n_kv * ceil(G / GMAX), n_split) with G = n_head / n_kv, GMAX the smallest of
+//   build.DECODE_GROUPS >= G (else the largest), DP the smallest of build.DECODE_HEAD_DIMS >= head_dim; n_split
+//   <= max_chunks; block (32, DECODE_WARPS).
 //
 // attention_prefill: many query tokens of one sequence at consecutive positions (a prefill ubatch) with an f32 cache
 // (attention_mma.cu serves an f16 cache on tensor cores), tiled: a block
 // takes 32 queries of one head and streams their keys in tiles of 32 through shared memory (as f32); scores and
 // output in fp32 with an online softmax per query. Thread (r = tid / 4, c = tid % 4) owns query r: the scores of
-// keys c, c+4, ... of each tile and the output dims c, c+4, .... The sequence slot and the first position are
-// seq_ids[0] and positions[0]. Rows are padded by one float (no shared-memory bank conflicts).
+// keys c, c+4, ... of each tile and the output dims c, c+4, .... The table row and the first position are
+// tabs[0] and positions[0]. Rows are padded by one float (no shared-memory bank conflicts).
 //   q : [n, n_head, D] f32; out : [n, n_head, D] f32
 //   Launch rule: grid (ceil(n / 32), n_head), block 128, dynamic shared memory prefill_smem_floats(D) * 4 bytes;
 //   D (head_dim) one of 64, 128, 256.
 #include "common.cuh"
 
 #define NEG_INF __int_as_float(0xff800000)
-#define MIN_SPLIT_KEYS 16
+#define DECODE_WARPS 4           // attention_decode's warps per block
+#define DECODE_KEYS 8            // keys a lane of attention_decode loads together
+#define DECODE_CHUNK_KEYS 64     // attention_decode's chunk: this many keys, or len / DECODE_MAX_CHUNKS where larger
+#define DECODE_MAX_CHUNKS 64
 
 template <typename KV> __device__ __forceinline__ float kv_load(const KV* p);
 template <> __device__ __forceinline__ float kv_load<u16>(const u16* p) { return h2f(*p); }
@@ -49,24 +65,24 @@ template <> __device__ __forceinline__ float kv_cast<float>(float v) { return v;
 
 template <typename KV>
 __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ v, KV* __restrict__ cache_k,
-                         KV* __restrict__ cache_v, const int* __restrict__ seq_ids, const int* __restrict__ positions,
-                         int n, int n_ctx, int row) {   // row = n_kv * head_dim
+                         KV* __restrict__ cache_v, const int* __restrict__ tabs, const int* __restrict__ positions,
+                         const int* __restrict__ tables, int width, int shift, int rows,
+                         int n, int row) {   // row = n_kv * head_dim
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (long long)n * row) return;
     const int tok = (int)(t / row), e = (int)(t % row);
-    const long long dst = ((long long)seq_ids[tok] * n_ctx + positions[tok]) * row + e;
+    const long long dst = KVRows(tables, width, shift, rows, tabs[tok])(positions[tok]) * row + e;
     cache_k[dst] = kv_cast<KV>(k[t]);
     cache_v[dst] = kv_cast<KV>(v[t]);
 }
 
-// One warp's online softmax over keys j0, j0 + step, ... < j1: updates (m, l, acc); softcap > 0 caps each score s at
-// softcap * tanh(s / softcap) where CAP (Gemma 2; a template argument: the branch in the loop cost Gemma 3's decode
-// step 15 %, 782 -> 898 us a graph replay). Keys go ATTN_KEYS at a time:
-// their k and v rows loaded together (the loads of a key no longer wait for the previous key's softmax: a decode
-// step's attention is bound by that latency), then one max and one rescale for the group; the rest one by one.
+// One warp's online softmax over keys j0, j0 + step, ... < j1 (cache rows kv(j)): updates (m, l, acc); CAP caps each
+// score s at softcap * tanh(s / softcap) (Gemma 2; a template argument: the branch in the loop cost Gemma 3's decode
+// step 15 %, 782 -> 898 us a graph replay). Keys go ATTN_KEYS at a time: their k and v rows loaded together, then
+// one max and one rescale for the group; the rest one by one.
 #define ATTN_KEYS 4
 template <typename KV, int MAXE, bool CAP>
-__device__ __forceinline__ void attend_keys(const KV* kb, const KV* vb, long long stride,
+__device__ __forceinline__ void attend_keys(const KV* kb, const KV* vb, long long stride, const KVRows& kv,
                                             int j0, int j1, int step, const float* qv, float* acc, float& m,
                                             float& l, int per, int lane, float softcap) {
     int j = j0;
@@ -74,11 +90,10 @@ __device__ __forceinline__ void attend_keys(const KV* kb, const KV* vb, long lon
         float kx[ATTN_KEYS][MAXE], vx[ATTN_KEYS][MAXE], s[ATTN_KEYS];
 #pragma unroll
         for (int u = 0; u < ATTN_KEYS; ++u) {
-            const KV* kr = kb + (long long)(j + u * step) * stride;
-            const KV* vr = vb + (long long)(j + u * step) * stride;
+            const long long r = kv(j + u * step) * stride;
 #pragma unroll
             for (int e = 0; e < MAXE; ++e)
-                if (e < per) { kx[u][e] = kv_load<KV>(kr + e * 32 + lane); vx[u][e] = kv_load<KV>(vr + e * 32 + lane); }
+                if (e < per) { kx[u][e] = kv_load<KV>(kb + r + e * 32 + lane); vx[u][e] = kv_load<KV>(vb + r + e * 32 + lane); }
         }
 #pragma unroll
         for (int u = 0; u < ATTN_KEYS; ++u) {
@@ -112,18 +127,17 @@ __device__ __forceinline__ void attend_keys(const KV* kb, const KV* vb, long lon
         m = m_new;
     }
     for (; j < j1; j += step) {
-        const KV* kr = kb + (long long)j * stride;
+        const long long r = kv(j) * stride;
         float s = 0.f;
 #pragma unroll
-        for (int e = 0; e < MAXE; ++e) if (e < per) s += qv[e] * kv_load<KV>(kr + e * 32 + lane);
+        for (int e = 0; e < MAXE; ++e) if (e < per) s += qv[e] * kv_load<KV>(kb + r + e * 32 + lane);
         s = warp_sum(s);
         if (CAP) s = softcap * tanhf(s / softcap);
         const float m_new = fmaxf(m, s);
         const float corr = expf(m - m_new), pj = expf(s - m_new);
         l = l * corr + pj;
-        const KV* vr = vb + (long long)j * stride;
 #pragma unroll
-        for (int e = 0; e < MAXE; ++e) if (e < per) acc[e] = acc[e] * corr + pj * kv_load<KV>(vr + e * 32 + lane);
+        for (int e = 0; e < MAXE; ++e) if (e < per) acc[e] = acc[e] * corr + pj * kv_load<KV>(vb + r + e * 32 + lane);
         m = m_new;
     }
 }
@@ -131,8 +145,9 @@ __device__ __forceinline__ void attend_keys(const KV* kb, const KV* vb, long lon
 template <typename KV, int MAXE, bool CAP>             // MAXE: head_dim / 32 at most (build.ATTENTION_HEAD_CHUNKS)
 __global__ void __launch_bounds__(32)
 attention(const float* __restrict__ q, const KV* __restrict__ cache_k, const KV* __restrict__ cache_v,
-          float* __restrict__ out, const int* __restrict__ seq_ids, const int* __restrict__ positions,
-          int n_head, int n_kv, int head_dim, int n_ctx, float scale, int window, float softcap) {
+          float* __restrict__ out, const int* __restrict__ tabs, const int* __restrict__ positions,
+          const int* __restrict__ tables, int width, int shift, int rows,
+          int n_head, int n_kv, int head_dim, float scale, int window, float softcap) {
     const int tok = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
     const int per = head_dim / 32, kvh = h / (n_head / n_kv);
     const int p = positions[tok];
@@ -141,97 +156,255 @@ attention(const float* __restrict__ q, const KV* __restrict__ cache_k, const KV*
     float qv[MAXE], acc[MAXE];
 #pragma unroll
     for (int e = 0; e < MAXE; ++e) { qv[e] = e < per ? qh[e * 32 + lane] * scale : 0.f; acc[e] = 0.f; }
-    const long long base = ((long long)seq_ids[tok] * n_ctx) * n_kv * head_dim + (long long)kvh * head_dim;
-    const long long stride = (long long)n_kv * head_dim;
+    const long long off = (long long)kvh * head_dim;
     float m = NEG_INF, l = 0.f;
-    attend_keys<KV, MAXE, CAP>(cache_k + base, cache_v + base, stride, lo, p + 1, 1, qv, acc, m, l, per, lane, softcap);
+    attend_keys<KV, MAXE, CAP>(cache_k + off, cache_v + off, (long long)n_kv * head_dim,
+                               KVRows(tables, width, shift, rows, tabs[tok]), lo, p + 1, 1, qv, acc, m, l, per, lane,
+                               softcap);
     float* oh = out + ((long long)tok * n_head + h) * head_dim;
 #pragma unroll
     for (int e = 0; e < MAXE; ++e) if (e < per) oh[e * 32 + lane] = acc[e] / l;
 }
 
-template <typename KV, int MAXE, bool CAP>
-__global__ void __launch_bounds__(128)
-attention_split(const float* __restrict__ q, KV* cache_k, KV* cache_v,
-                float* __restrict__ out, const int* __restrict__ seq_ids, const int* __restrict__ positions,
-                int n_head, int n_kv, int head_dim, int n_ctx, float scale, int window, float softcap,
-                float* __restrict__ part,
-                int* __restrict__ counters, signed char* __restrict__ qs, float2* __restrict__ ds,
-                signed char* __restrict__ rs, const float* __restrict__ k_new, const float* __restrict__ v_new) {
-    constexpr int WARPS = 4;
-    __shared__ float s_m[WARPS], s_l[WARPS], s_acc[WARPS][MAXE * 32];
-    const int tok = blockIdx.x, h = blockIdx.y, z = blockIdx.z, n_split = gridDim.z;
-    const int lane = threadIdx.x, w = threadIdx.y;
-    const int per = head_dim / 32, kvh = h / (n_head / n_kv);
-    const int p = positions[tok];
-    const int lo = window > 0 ? max(0, p - window + 1) : 0;
-    const int active = min(n_split, (p - lo + MIN_SPLIT_KEYS) / MIN_SPLIT_KEYS);   // chunks of >= 16 keys
-    if (z >= active) return;
-    const int chunk = (p - lo + 1 + active - 1) / active;
-    const int j0 = lo + z * chunk, j1 = min(p + 1, j0 + chunk);
-    const float* qh = q + ((long long)tok * n_head + h) * head_dim;
-    float qv[MAXE], acc[MAXE];
+// attention_decode's chunk of keys for a sequence of len keys, and how many chunks that makes.
+__device__ __forceinline__ int decode_chunk(int len) {
+    return max(DECODE_CHUNK_KEYS, (len + DECODE_MAX_CHUNKS - 1) / DECODE_MAX_CHUNKS);
+}
+
+// 8 consecutive cache values as raw 16-byte (f16) or 32-byte (f32) loads, and as floats.
+template <typename KV> struct Raw8;
+template <> struct Raw8<u16> {
+    uint4 r;
+    __device__ __forceinline__ void load(const u16* p) { r = *(const uint4*)p; }
+    __device__ __forceinline__ void zero() { r = make_uint4(0u, 0u, 0u, 0u); }
+    __device__ __forceinline__ void floats(float x[8]) const {
+        const u32 w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
-    for (int e = 0; e < MAXE; ++e) { qv[e] = e < per ? qh[e * 32 + lane] * scale : 0.f; acc[e] = 0.f; }
-    const long long base = ((long long)seq_ids[tok] * n_ctx) * n_kv * head_dim + (long long)kvh * head_dim;
-    if (k_new != nullptr && z == active - 1) {          // the chunk holding position p stores the token's k, v first
-        const long long src = ((long long)tok * n_kv + kvh) * head_dim, dst = base + (long long)p * n_kv * head_dim;
-        for (int e = w * 32 + lane; e < head_dim; e += WARPS * 32) {
+        for (int i = 0; i < 4; ++i) { x[2 * i] = h2f((u16)(w[i] & 0xffffu)); x[2 * i + 1] = h2f((u16)(w[i] >> 16)); }
+    }
+};
+template <> struct Raw8<float> {
+    float4 a, b;
+    __device__ __forceinline__ void load(const float* p) { a = ((const float4*)p)[0]; b = ((const float4*)p)[1]; }
+    __device__ __forceinline__ void zero() { a = b = make_float4(0.f, 0.f, 0.f, 0.f); }
+    __device__ __forceinline__ void floats(float x[8]) const {
+        x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w; x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
+    }
+};
+
+template <typename KV, int DP, int GMAX, bool CAP>   // DP: head_dim padded (DECODE_HEAD_DIMS); GMAX: query heads
+__global__ void __launch_bounds__(DECODE_WARPS * 32)
+attention_decode(const float* __restrict__ q, KV* cache_k, KV* cache_v, float* __restrict__ out,
+                 const int* __restrict__ tabs, const int* __restrict__ positions, const int* __restrict__ tables,
+                 int width, int shift, int rows, int n_head, int n_kv, int head_dim, float scale, int window,
+                 float softcap, float* __restrict__ part, int max_chunks, int* __restrict__ counters,
+                 signed char* __restrict__ qs, float2* __restrict__ ds, signed char* __restrict__ rs,
+                 const float* __restrict__ k_new, const float* __restrict__ v_new) {
+    constexpr int LPK = DP / 8, KPW = 32 / LPK, GROUPS = DECODE_WARPS * KPW;   // lanes per key, keys per warp
+    __shared__ float s_m[DECODE_WARPS][GMAX], s_l[DECODE_WARPS][GMAX];
+    __shared__ float s_acc[DECODE_WARPS][GMAX][DP];
+    __shared__ int s_ticket;
+    const int tok = blockIdx.x, z = blockIdx.z, n_split = gridDim.z;
+    const int parts = gridDim.y / n_kv, kvh = blockIdx.y / parts, part_i = blockIdx.y % parts;
+    const int G = n_head / n_kv, h0 = kvh * G + part_i * GMAX, gq = min(GMAX, G - part_i * GMAX);
+    const int lane = threadIdx.x, w = threadIdx.y, tid = w * 32 + lane, sub = lane % LPK, ks = lane / LPK;
+    const int p = positions[tok];
+    const int lo = window > 0 ? max(0, p - window + 1) : 0, len = p - lo + 1;
+    const int chunk = decode_chunk(len), n_chunks = (len + chunk - 1) / chunk;
+    if (z >= n_chunks) return;
+    const KVRows kv(tables, width, shift, rows, tabs[tok]);
+    const long long stride = (long long)n_kv * head_dim, off = (long long)kvh * head_dim + sub * 8;
+    const bool lane_on = sub * 8 < head_dim;
+    float qv[GMAX][8];
+#pragma unroll
+    for (int g = 0; g < GMAX; ++g)
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            qv[g][i] = g < gq && lane_on ? q[((long long)tok * n_head + h0 + g) * head_dim + sub * 8 + i] * scale : 0.f;
+    if (k_new != nullptr && z == (n_chunks - 1) % n_split) {   // the block of the last chunk stores k, v at p first
+        const long long src = ((long long)tok * n_kv + kvh) * head_dim, dst = kv(p) * stride + (long long)kvh * head_dim;
+        for (int e = tid; e < head_dim; e += DECODE_WARPS * 32) {
             cache_k[dst + e] = kv_cast<KV>(k_new[src + e]);
             cache_v[dst + e] = kv_cast<KV>(v_new[src + e]);
         }
         __syncthreads();
     }
-    float m = NEG_INF, l = 0.f;
-    attend_keys<KV, MAXE, CAP>(cache_k + base, cache_v + base, (long long)n_kv * head_dim, j0 + w, j1, WARPS, qv, acc, m,
-                         l, per, lane, softcap);
-    if (lane == 0) { s_m[w] = m; s_l[w] = l; }
+    for (int c = z; c < n_chunks; c += n_split) {
+        const int j0 = lo + c * chunk, j1 = min(p + 1, j0 + chunk);
+        float m[GMAX], l[GMAX], acc[GMAX][8];
 #pragma unroll
-    for (int e = 0; e < MAXE; ++e) if (e < per) s_acc[w][e * 32 + lane] = acc[e];
-    __syncthreads();
-    if (w != 0) return;
-    float mx = NEG_INF;
+        for (int g = 0; g < GMAX; ++g) {
+            m[g] = NEG_INF; l[g] = 0.f;
 #pragma unroll
-    for (int i = 0; i < WARPS; ++i) mx = fmaxf(mx, s_m[i]);
-    float f[WARPS], lt = 0.f;
-#pragma unroll
-    for (int i = 0; i < WARPS; ++i) { f[i] = mx == NEG_INF ? 0.f : expf(s_m[i] - mx); lt += f[i] * s_l[i]; }
-    const long long th = (long long)tok * n_head + h;
-    const int stride = head_dim + 2;
-    float* pp = part + th * n_split * stride;
-    if (lane == 0) { pp[z * stride] = mx; pp[z * stride + 1] = lt; }
-    for (int e = 0; e < per; ++e) {
-        float a = 0.f;
-#pragma unroll
-        for (int i = 0; i < WARPS; ++i) a += f[i] * s_acc[i][e * 32 + lane];
-        pp[z * stride + 2 + e * 32 + lane] = a;
-    }
-    __threadfence();                                   // this chunk's state is visible before the ticket
-    int ticket = 0;
-    if (lane == 0) ticket = atomicAdd(&counters[th], 1);
-    ticket = __shfl_sync(0xffffffffu, ticket, 0);
-    if (ticket != active - 1) return;
-    __threadfence();
-    if (lane == 0) counters[th] = 0;
-    // the last block: lane i < active holds chunk i's max and sum (chunk 0 always has keys: the max is finite)
-    const float mz = lane < active ? __ldcg(pp + lane * stride) : NEG_INF;
-    float mall = mz;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mall = fmaxf(mall, __shfl_xor_sync(0xffffffffu, mall, o));
-    const float fz = lane < active ? expf(mz - mall) : 0.f;
-    float lsum = lane < active ? fz * __ldcg(pp + lane * stride + 1) : 0.f;
-    lsum = warp_sum(lsum);
-    float* oh = out + th * head_dim;
-    for (int e = 0; e < per; ++e) {
-        float a = 0.f;
-        for (int zz = 0; zz < active; ++zz)
-            a += __shfl_sync(0xffffffffu, fz, zz) * __ldcg(pp + zz * stride + 2 + e * 32 + lane);
-        const float v = a / lsum;
-        oh[e * 32 + lane] = v;
-        if (qs != nullptr) {                            // q8_1 blocks of the output (the next mul_mat's input)
-            const long long at = th * head_dim + e * 32;   // this block's first value in [n, n_head * head_dim]
-            warp_store_q8_1(v, lane, qs + at, ds + at / 16, rs == nullptr ? nullptr : rs + at);
+            for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
         }
+        for (int jw = j0 + w * KPW; jw < j1; jw += DECODE_KEYS * GROUPS) {     // the same trip count in a warp
+            Raw8<KV> kr[DECODE_KEYS], vr[DECODE_KEYS];
+#pragma unroll
+            for (int u = 0; u < DECODE_KEYS; ++u) {
+                const int j = jw + ks + u * GROUPS;
+                if (j < j1 && lane_on) {
+                    const long long r = kv(j) * stride + off;
+                    kr[u].load(cache_k + r);
+                    vr[u].load(cache_v + r);
+                } else {
+                    kr[u].zero();
+                    vr[u].zero();
+                }
+            }
+            float s[DECODE_KEYS][GMAX];                 // scores, then probabilities
+#pragma unroll
+            for (int u = 0; u < DECODE_KEYS; ++u) {
+                float kx[8];
+                kr[u].floats(kx);
+#pragma unroll
+                for (int g = 0; g < GMAX; ++g) {
+                    float a = 0.f;
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) a += qv[g][i] * kx[i];
+                    s[u][g] = a;
+                }
+            }
+#pragma unroll
+            for (int o = LPK / 2; o > 0; o >>= 1)
+#pragma unroll
+                for (int u = 0; u < DECODE_KEYS; ++u)
+#pragma unroll
+                    for (int g = 0; g < GMAX; ++g) s[u][g] += __shfl_xor_sync(0xffffffffu, s[u][g], o);
+#pragma unroll
+            for (int u = 0; u < DECODE_KEYS; ++u) {
+                const bool in = jw + ks + u * GROUPS < j1;
+#pragma unroll
+                for (int g = 0; g < GMAX; ++g)
+                    s[u][g] = !in ? NEG_INF : CAP ? softcap * tanhf(s[u][g] / softcap) : s[u][g];
+            }
+#pragma unroll
+            for (int g = 0; g < GMAX; ++g) {
+                float m_new = m[g];
+#pragma unroll
+                for (int u = 0; u < DECODE_KEYS; ++u) m_new = fmaxf(m_new, s[u][g]);
+                const float corr = m_new == NEG_INF ? 1.f : expf(m[g] - m_new);   // no key of this group yet: 1
+                float psum = 0.f;
+#pragma unroll
+                for (int u = 0; u < DECODE_KEYS; ++u) {
+                    s[u][g] = s[u][g] == NEG_INF ? 0.f : expf(s[u][g] - m_new);
+                    psum += s[u][g];
+                }
+                l[g] = l[g] * corr + psum;
+                m[g] = m_new;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[g][i] *= corr;
+            }
+#pragma unroll
+            for (int u = 0; u < DECODE_KEYS; ++u) {
+                float vx[8];
+                vr[u].floats(vx);
+#pragma unroll
+                for (int g = 0; g < GMAX; ++g)
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) acc[g][i] += s[u][g] * vx[i];
+            }
+        }
+        // the warp's key groups merge (lanes LPK apart hold the same dims of different keys) ...
+#pragma unroll
+        for (int o = LPK; o < 32; o <<= 1)
+#pragma unroll
+            for (int g = 0; g < GMAX; ++g) {
+                const float mo = __shfl_xor_sync(0xffffffffu, m[g], o), lo_ = __shfl_xor_sync(0xffffffffu, l[g], o);
+                const float mn = fmaxf(m[g], mo);
+                const float fs = m[g] == NEG_INF ? 0.f : expf(m[g] - mn), fo = mo == NEG_INF ? 0.f : expf(mo - mn);
+                l[g] = l[g] * fs + lo_ * fo;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) acc[g][i] = acc[g][i] * fs + __shfl_xor_sync(0xffffffffu, acc[g][i], o) * fo;
+                m[g] = mn;
+            }
+        // ... then the warps, through shared memory, into the chunk's state
+        if (ks == 0 && lane_on)
+#pragma unroll
+            for (int g = 0; g < GMAX; ++g)
+#pragma unroll
+                for (int i = 0; i < 8; ++i) s_acc[w][g][sub * 8 + i] = acc[g][i];
+        if (lane == 0)
+#pragma unroll
+            for (int g = 0; g < GMAX; ++g) { s_m[w][g] = m[g]; s_l[w][g] = l[g]; }
+        __syncthreads();
+        for (int e = tid; e < gq * head_dim; e += DECODE_WARPS * 32) {
+            const int g = e / head_dim, d = e % head_dim;
+            float mx = NEG_INF;
+#pragma unroll
+            for (int i = 0; i < DECODE_WARPS; ++i) mx = fmaxf(mx, s_m[i][g]);
+            float lt = 0.f, a = 0.f;                    // the chunk has keys: mx is finite
+#pragma unroll
+            for (int i = 0; i < DECODE_WARPS; ++i) {
+                const float f = s_m[i][g] == NEG_INF ? 0.f : expf(s_m[i][g] - mx);
+                lt += f * s_l[i][g];
+                a += f * s_acc[i][g][d];
+            }
+            float* pp = part + (((long long)tok * n_head + h0 + g) * max_chunks + c) * (head_dim + 4);
+            if (d == 0) { pp[0] = mx; pp[1] = lt; }
+            pp[4 + d] = a;
+        }
+        __syncthreads();                                // s_* are read before the next chunk writes them
+    }
+    __threadfence();                                    // this block's chunk states are visible before the ticket
+    if (tid == 0) s_ticket = atomicAdd(&counters[(long long)tok * gridDim.y + blockIdx.y], 1);
+    __syncthreads();
+    if (s_ticket != min(n_split, n_chunks) - 1) return;
+    __threadfence();
+    if (tid == 0) counters[(long long)tok * gridDim.y + blockIdx.y] = 0;
+    // the last block: warp w weighs the chunks of heads w, w + DECODE_WARPS, ... (lane i: chunks i and i + 32) ...
+    __shared__ float s_f[GMAX][DECODE_MAX_CHUNKS], s_sum[GMAX];
+    const int cstride = head_dim + 4, pstride = max_chunks * cstride;
+    for (int g = w; g < gq; g += DECODE_WARPS) {
+        const float* pp = part + ((long long)tok * n_head + h0 + g) * pstride;
+        float mz[2], mall = NEG_INF;
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+            const int cz = lane + 32 * b;
+            mz[b] = cz < n_chunks ? __ldcg(pp + cz * cstride) : NEG_INF;
+            mall = fmaxf(mall, mz[b]);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mall = fmaxf(mall, __shfl_xor_sync(0xffffffffu, mall, o));
+        float lsum = 0.f;
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+            const int cz = lane + 32 * b;
+            if (cz < n_chunks) {
+                const float f = expf(mz[b] - mall);
+                s_f[g][cz] = f;
+                lsum += f * __ldcg(pp + cz * cstride + 1);
+            }
+        }
+        lsum = warp_sum(lsum);
+        if (lane == 0) s_sum[g] = lsum;
+    }
+    __syncthreads();
+    // ... then each thread sums 4 consecutive output values over the chunks, in chunk order (16-byte loads, many in
+    // flight: one block reads every chunk's outputs) ...
+    float* s_out = &s_acc[0][0][0];                     // [gq * head_dim] the outputs, for their q8_1 blocks
+    for (int e = tid * 4; e < gq * head_dim; e += DECODE_WARPS * 128) {
+        const int g = e / head_dim, d = e % head_dim;
+        const long long th = (long long)tok * n_head + h0 + g;
+        const float* pp = part + th * pstride + 4 + d;
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 16
+        for (int cz = 0; cz < n_chunks; ++cz) {
+            const float f = s_f[g][cz];
+            const float4 x = __ldcg((const float4*)(pp + cz * cstride));
+            a.x += f * x.x; a.y += f * x.y; a.z += f * x.z; a.w += f * x.w;
+        }
+        const float sum = s_sum[g];
+        const float4 v = make_float4(a.x / sum, a.y / sum, a.z / sum, a.w / sum);
+        *(float4*)(out + th * head_dim + d) = v;
+        *(float4*)(s_out + e) = v;
+    }
+    if (qs == nullptr) return;
+    __syncthreads();
+    // ... and, for the next mul_mat, their q8_1 blocks (a warp per block of 32)
+    for (int e0 = w * 32; e0 < gq * head_dim; e0 += DECODE_WARPS * 32) {
+        const long long at = ((long long)tok * n_head + h0) * head_dim + e0;   // in [n, n_head * head_dim]
+        warp_store_q8_1(s_out[e0 + lane], lane, qs + at, ds + at / 16, rs == nullptr ? nullptr : rs + at);
     }
 }
 
@@ -240,8 +413,9 @@ __host__ __device__ constexpr int prefill_smem_floats(int d) { return 2 * 32 * (
 template <typename KV, int D>
 __global__ void __launch_bounds__(128)
 attention_prefill(const float* __restrict__ q, const KV* __restrict__ cache_k, const KV* __restrict__ cache_v,
-                  float* __restrict__ out, const int* __restrict__ seq_ids, const int* __restrict__ positions, int n,
-                  int n_head, int n_kv, int n_ctx, float scale, int window, float softcap) {
+                  float* __restrict__ out, const int* __restrict__ tabs, const int* __restrict__ positions,
+                  const int* __restrict__ tables, int width, int shift, int rows, int n,
+                  int n_head, int n_kv, float scale, int window, float softcap) {
     constexpr int BQ = 32, BK = 32, DP = D + 1, PP = BK + 1, PER = D / 4;
     extern __shared__ float smem[];
     float* sq = smem;                  // [BQ][DP] queries, scaled
@@ -258,8 +432,8 @@ attention_prefill(const float* __restrict__ q, const KV* __restrict__ cache_k, c
     }
     const int qp = p0 + t0 + r, qp_last = p0 + t0 + nq - 1;
     const int lo = window > 0 ? max(0, p0 + t0 - window + 1) : 0;
-    const long long stride = (long long)n_kv * D;
-    const long long base = (long long)seq_ids[0] * n_ctx * stride + (long long)kvh * D;
+    const long long stride = (long long)n_kv * D, off = (long long)kvh * D;
+    const KVRows kv(tables, width, shift, rows, tabs[0]);
     float o[PER];
 #pragma unroll
     for (int i = 0; i < PER; ++i) o[i] = 0.f;
@@ -269,8 +443,9 @@ attention_prefill(const float* __restrict__ q, const KV* __restrict__ cache_k, c
         for (int e = tid; e < BK * D; e += 128) {
             const int jj = e / D, d = e % D, j = j0 + jj;
             const bool in = j <= qp_last;
-            sk[jj * DP + d] = in ? kv_load<KV>(cache_k + base + j * stride + d) : 0.f;
-            sv[jj * D + d] = in ? kv_load<KV>(cache_v + base + j * stride + d) : 0.f;
+            const long long r = in ? kv(j) * stride + off + d : 0;
+            sk[jj * DP + d] = in ? kv_load<KV>(cache_k + r) : 0.f;
+            sv[jj * D + d] = in ? kv_load<KV>(cache_v + r) : 0.f;
         }
         __syncthreads();
         float s[BK / 4];

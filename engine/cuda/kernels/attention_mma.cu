@@ -10,8 +10,9 @@
 // rows 2t, 2t + 1 (+ 8); C rows g and g + 8, columns 2t, 2t + 1. ldmatrix (.trans for V) builds the A and B
 // fragments from row-major shared-memory tiles whose rows are padded by 8 halves (16 bytes): the 8 rows one
 // ldmatrix reads fall on distinct banks.
-//   q : [n, n_head, D] f32; out : [n, n_head, D] f32; cache_k, cache_v : [n_seq, n_ctx, n_kv, D] f16
-//   seq_ids, positions : [n] int32 (the sequence slot and the first position are seq_ids[0], positions[0])
+//   q : [n, n_head, D] f32; out : [n, n_head, D] f32; cache_k, cache_v : [n_blocks, rows, n_kv, D] f16, paged as
+//   attention.cu says (tabs, positions : [n] int32; the table row and the first position are tabs[0], positions[0];
+//   tables, width, shift, rows)
 //   Launch rule (backends/cuda.py attention): grid (ceil(n / 16), n_head), block 128, dynamic shared memory
 //   attention_mma_smem_bytes(D); D one of 64, 128, 256.
 #include "common.cuh"
@@ -44,8 +45,9 @@ __device__ __forceinline__ u32 pack_f16x2(float lo, float hi) { return (u32)f2h(
 template <int D>
 __global__ void __launch_bounds__(128)
 attention_prefill_mma(const float* __restrict__ q, const u16* __restrict__ cache_k, const u16* __restrict__ cache_v,
-                      float* __restrict__ out, const int* __restrict__ seq_ids, const int* __restrict__ positions,
-                      int n, int n_head, int n_kv, int n_ctx, float scale, int window, float softcap) {
+                      float* __restrict__ out, const int* __restrict__ tabs, const int* __restrict__ positions,
+                      const int* __restrict__ tables, int width, int shift, int rows,
+                      int n, int n_head, int n_kv, float scale, int window, float softcap) {
     constexpr int LDS = fa_row_halves(D);
     extern __shared__ __align__(16) u16 fa_smem[];
     u16* sQ = fa_smem;                 // [FA_BQ][LDS] queries, scaled, f16
@@ -64,8 +66,8 @@ attention_prefill_mma(const float* __restrict__ q, const u16* __restrict__ cache
         *(u32*)(sQ + r * LDS + c) = pack_f16x2(v.x * qscale, v.y * qscale);
     }
     const int lo = window > 0 ? max(0, p0 - window + 1) : 0;
-    const long long stride = (long long)n_kv * D;
-    const long long base = (long long)seq_ids[0] * n_ctx * stride + (long long)kvh * D;
+    const long long stride = (long long)n_kv * D, off = (long long)kvh * D;
+    const KVRows kv(tables, width, shift, rows, tabs[0]);
     const int qp[2] = {p0 + g, p0 + g + 8};     // positions of this lane's two query rows
     const int kw = warp * 16;                   // this warp's first key in a tile
 
@@ -79,9 +81,9 @@ attention_prefill_mma(const float* __restrict__ q, const u16* __restrict__ cache
         for (int e = tid; e < FA_BK * D / 8; e += 128) {
             const int r = e / (D / 8), c = (e % (D / 8)) * 8, j = j0 + r;
             const bool in = j <= p_last;
-            const long long off = base + (in ? (long long)j * stride + c : 0);
-            cp_async16(sK + r * LDS + c, cache_k + off, in ? 16 : 0);
-            cp_async16(sV + r * LDS + c, cache_v + off, in ? 16 : 0);
+            const long long at = in ? kv(j) * stride + off + c : 0;
+            cp_async16(sK + r * LDS + c, cache_k + at, in ? 16 : 0);
+            cp_async16(sV + r * LDS + c, cache_v + at, in ? 16 : 0);
         }
         cp_async_commit();
         cp_async_wait_all();

@@ -409,3 +409,15 @@ template <> __device__ __forceinline__ void unpack<T_IQ4_XS>(const u8* row, int 
 #pragma unroll
     for (int i = 0; i < 4; ++i) iq4_lookup8(qw[i], v[i], v[4 + i]);
 }
+
+// The KV-cache rows of one sequence's positions (attention.cu's paging): position j of the sequence whose block table
+// is row tab of tables ([*, width] int32) sits in row tables[tab * width + (j >> shift)] * rows + (j & (2^shift - 1)).
+struct KVRows {
+    const int* table;    // the sequence's block table
+    int shift, rows;
+    __device__ __forceinline__ KVRows(const int* tables, int width, int shift_, int rows_, int tab)
+        : table(tables + (long long)tab * width), shift(shift_), rows(rows_) {}
+    __device__ __forceinline__ long long operator()(int j) const {
+        return (long long)table[j >> shift] * rows + (j & (int)((1u << shift) - 1u));
+    }
+};
