@@ -2,7 +2,7 @@
 """Where the GPU time goes, one entry point:
 
     python scripts/gpu_profile.py step MODEL [--prompt 512] [--steps 64]
-    python scripts/gpu_profile.py ncu-decode MODEL [B]
+    python scripts/gpu_profile.py ncu-decode MODEL [B] [DEPTH]
 
 step: where a forward pass spends its time on the GPU, per backend operation, and decode as graph vs whole step.
 prefill: one ubatch of --prompt tokens run eagerly with CUDA events around every backend operation (mul_mat split by
@@ -13,7 +13,7 @@ Then the same ubatch replayed from a CUDA graph: the whole prefill call and the 
 decode: the mean wall time of a whole decode step (Runtime.decode: input copy, graph replay, logits copy), of the
 graph replay alone (launch + synchronize), and of an eager step (graphs off).
 
-ncu-decode: per-kernel GPU time of one decode step of B sequences (1; each first prefilled with 64 tokens), read by
+ncu-decode: per-kernel GPU time of one decode step of B sequences (1; each first prefilled with DEPTH tokens, 64), read by
 Nsight Compute (ncu on the PATH): two eager decode steps under
 `ncu --clock-control none --csv --page raw --metrics gpu__time_duration.sum`, the time per kernel name of the second
 step, largest first, with the step's total.
@@ -134,25 +134,25 @@ def profile_decode(rt, steps):
     print(line + f", eager step {eager * 1e6:.0f} us ({1 / eager:.0f} t/s)")
 
 
-def ncu_step(model: str, b: int) -> None:
-    """What ncu-decode profiles (run under ncu): b sequences prefilled with 64 tokens, then two eager decode steps
+def ncu_step(model: str, b: int, depth: int = 64) -> None:
+    """What ncu-decode profiles (run under ncu): b sequences prefilled with depth tokens, then two eager decode steps
     between cudaProfilerStart and Stop (the first loads the kernels' modules)."""
     import cupy
-    rt = Runtime.load(model, device="cuda", n_ctx=512, n_seq=b, cuda=CudaConfig(graphs=False))
+    rt = Runtime.load(model, device="cuda", n_ctx=max(512, depth + 8), n_seq=b, cuda=CudaConfig(graphs=False))
     for seq in range(b):
-        rt.prefill(list(range(100 + seq, 164 + seq)), seq=seq)
+        rt.prefill([100 + (seq + i) % 1000 for i in range(depth)], seq=seq, logits=False)
     rt.backend.synchronize()
     cupy.cuda.profiler.start()                           # ncu --profile-from-start off: the two steps alone
-    rt.decode(list(range(b)), [200] * b, [64] * b)
-    rt.decode(list(range(b)), [201] * b, [65] * b)
+    rt.decode(list(range(b)), [200] * b, [depth] * b)
+    rt.decode(list(range(b)), [201] * b, [depth + 1] * b)
     rt.backend.synchronize()
     cupy.cuda.profiler.stop()
 
 
-def ncu_decode(model: str, b: int) -> None:
-    """Nsight Compute's per-kernel times of the second of two eager decode steps of b sequences."""
+def ncu_decode(model: str, b: int, depth: int = 64) -> None:
+    """Nsight Compute's per-kernel times of the second of two eager decode steps of b sequences at depth."""
     cmd = ["ncu", "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "raw", "--metrics",
-           "gpu__time_duration.sum", sys.executable, __file__, "ncu-step", model, str(b)]
+           "gpu__time_duration.sum", sys.executable, __file__, "ncu-step", model, str(b), str(depth)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith('"')]
     if not lines:
@@ -196,6 +196,7 @@ def main():
                            else "(what ncu-decode runs under ncu)")
         p.add_argument("model")
         p.add_argument("b", nargs="?", type=int, default=1)
+        p.add_argument("depth", nargs="?", type=int, default=64)
     args = ap.parse_args()
     if args.cmd == "step":
         rt = Runtime.load(args.model, device="cuda", n_ubatch=args.prompt)
@@ -203,9 +204,9 @@ def main():
         profile_prefill(rt, args.prompt)
         profile_decode(rt, args.steps)
     elif args.cmd == "ncu-decode":
-        ncu_decode(args.model, args.b)
+        ncu_decode(args.model, args.b, args.depth)
     else:
-        ncu_step(args.model, args.b)
+        ncu_step(args.model, args.b, args.depth)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@
 #define NEG_INF __int_as_float(0xff800000)
 #define DECODE_WARPS 4           // attention_decode's warps per block
 #define DECODE_KEYS 8            // keys a lane of attention_decode loads together
-#define DECODE_CHUNK_KEYS 64     // attention_decode's chunk: this many keys, or len / DECODE_MAX_CHUNKS where larger
+#define DECODE_CHUNK_KEYS 128    // attention_decode's chunk: this many keys, or len / DECODE_MAX_CHUNKS where larger
 #define DECODE_MAX_CHUNKS 64
 
 template <typename KV> __device__ __forceinline__ float kv_load(const KV* p);
