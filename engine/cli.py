@@ -454,9 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-np", "--parallel", type=int, default=None,
                    help="sequences in flight at once; default: 4 on the CPU, on a GPU up to 64 as free memory allows")
     s.add_argument("--kv-memory", type=float, default=None, metavar="GIB",
-                   help=f"KV-cache size: blocks of {KV_BLOCK_SIZE} positions that sequences take as they grow (the "
-                        "cpu backend; default: --parallel whole contexts; the GPU backend reserves a whole context per "
-                        "sequence)")
+                   help=f"KV-cache size: blocks of {KV_BLOCK_SIZE} positions that sequences take as they grow "
+                        "(default: --parallel whole contexts)")
     s.add_argument("-c", "--ctx", type=int, default=None, help="context length of each sequence")
     s.add_argument("-ngl", "--gpu-layers", type=int, default=None,
                    help="llama-server's flag: any value but 0 means every layer on the GPU (0: the CPU)")

@@ -184,3 +184,30 @@ class BlockManager:
     def parent_of(self, table: list[int], j: int) -> bytes:
         """The digest before block j of a sequence's table (its blocks before j are full)."""
         return ROOT if j == 0 else self.key[table[j - 1]]
+
+
+class TableRows:
+    """Each sequence's block table as a numpy row [width] int32, kept between steps: a sequence's list of blocks only
+    grows or is replaced by another list, so a step converts just the blocks added since the last one (converting
+    every list each step cost 0.7 ms a step of 64 sequences at 256 blocks each, 3.8 ms at 2,048)."""
+
+    def __init__(self, width: int):
+        self.width = width
+        self.rows: dict[int, tuple[list, np.ndarray, int]] = {}   # sequence -> (its list, row, blocks converted)
+
+    def of(self, tables: dict) -> dict[int, np.ndarray]:
+        """tables: sequence -> its list of blocks -> sequence -> its row (zeros past the list's length). Sequences not
+        in tables are forgotten."""
+        rows = {}
+        for s, blocks in tables.items():
+            hit = self.rows.get(s)
+            if hit is None or hit[0] is not blocks or hit[2] > len(blocks):
+                hit = (blocks, np.zeros(max(self.width, len(blocks)), np.int32), 0)
+            _, row, n = hit
+            if len(blocks) > len(row):
+                row = np.concatenate([row[:n], np.zeros(len(blocks) - n, np.int32)])
+            if len(blocks) > n:
+                row[n:len(blocks)] = blocks[n:]
+            rows[s] = (blocks, row, len(blocks))
+        self.rows = rows
+        return {s: row for s, (_, row, _) in rows.items()}

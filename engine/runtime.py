@@ -16,7 +16,7 @@ from .backends import get_backend
 from .backends.base import Batch
 from .gguf import GGUFFile
 from .hub import resolve_model
-from .kv_blocks import KV_BLOCK_SIZE
+from .kv_blocks import KV_BLOCK_SIZE, TableRows
 from .model import load_model, model_class
 from .parallel.config import ParallelConfig
 from .sampling import Sampler, SamplingParams
@@ -92,6 +92,7 @@ class Runtime:
             raise ValueError(f"the {self.backend.name} backend's KV cache cannot be {kv_type} ({offered})")
         self.kv_type = kv_type
         self._size_cache(kv_memory)
+        self._table_rows = TableRows(self.blocks_per_seq)       # the batches' block tables, converted once
         self.cache = self.model.new_cache(self.n_blocks, self.block_size, kv_type)
 
     def _size_cache(self, kv_memory: float | None) -> None:
@@ -106,7 +107,7 @@ class Runtime:
         if not self.backend.paged_kv:
             raise ValueError(f"the {self.backend.name} backend's attention reads one contiguous KV cache per sequence, "
                              f"sized by the parallel sequences and the context; a KV memory size needs a paged cache "
-                             f"(the cpu backend)")
+                             f"(the cpu and cuda backends)")
         per_block = self.block_size * self.model.kv_bytes_per_token(self.kv_type)
         self.n_blocks = int(kv_memory // per_block)
         if self.n_blocks < self.blocks_per_seq:
@@ -141,7 +142,7 @@ class Runtime:
             return Batch.make(tokens, positions, seqs, logit_rows)
         if tables is None:
             tables = {s: self.static_blocks(s) for s in set(int(s) for s in seqs)}
-        return Batch.make(tokens, positions, seqs, logit_rows, tables, width=self.blocks_per_seq)
+        return Batch.make(tokens, positions, seqs, logit_rows, self._table_rows.of(tables), width=self.blocks_per_seq)
 
     def static_blocks(self, seq: int) -> list[int]:
         """The blocks of sequence seq when nobody hands out blocks (prefill, decode, generate): the seq-th whole

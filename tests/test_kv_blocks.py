@@ -3,7 +3,7 @@ prefix caching across requests."""
 import numpy as np
 import pytest
 
-from engine.kv_blocks import ROOT, BlockManager, block_key
+from engine.kv_blocks import ROOT, BlockManager, TableRows, block_key
 from engine.runtime import Runtime
 from engine.sampling import SamplingParams
 from engine.scheduler import FinishEvent, Request, Scheduler, TokenEvent
@@ -196,7 +196,7 @@ def test_kv_memory_errors(model, monkeypatch):
 
 
 def test_whole_context_blocks_keep_prefix_caching(model, monkeypatch):
-    """A backend without block tables (the CUDA backend's attention today): one block per sequence, a finished
+    """A backend without block tables: one block per sequence, a finished
     request's block taken over or copied by the next prompt sharing its prefix, tokens unchanged."""
     from engine.backends.cpu import CPUBackend
     monkeypatch.setattr(CPUBackend, "paged_kv", False)
@@ -282,3 +282,27 @@ def test_q8_0_cache_needs_whole_blocks_of_32():
     from engine.backends.cpu import CPUBackend
     with pytest.raises(ValueError, match="multiple of 32 .this model's is 48."):
         CPUBackend().kv_cache(2, 4, 16, 2, 48, kv_type="q8_0")
+
+
+def test_table_rows_follow_growing_and_replaced_lists():
+    """Rows kept between steps equal each sequence's list of blocks, zero past it, as its list grows (past the width
+    too), is replaced by another list (preemption, a new request under the same id) or shrinks; sequences that leave
+    the batch are forgotten."""
+    rng = np.random.default_rng()
+    rows = TableRows(width=8)
+    tables = {s: rng.integers(0, 100, int(rng.integers(1, 8))).tolist() for s in range(5)}
+    for step in range(40):
+        s = int(rng.integers(0, 6))
+        change = rng.integers(0, 4)
+        if change == 0:
+            tables.setdefault(s, []).append(int(rng.integers(0, 100)))       # a block appended (the same list)
+        elif change == 1:
+            tables[s] = rng.integers(0, 100, int(rng.integers(0, 12))).tolist()   # replaced, up to past the width
+        elif change == 2 and s in tables:
+            del tables[s]
+        got = rows.of(tables)
+        assert set(got) == set(tables) == set(rows.rows)
+        for t, blocks in tables.items():
+            want = np.zeros(max(8, len(blocks)), np.int32)
+            want[:len(blocks)] = blocks
+            assert np.array_equal(got[t], want), (step, t)

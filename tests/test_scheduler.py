@@ -11,8 +11,8 @@ from tiny_models import N_VOCAB, write_tiny
 
 @pytest.fixture(params=["paged", "whole-context"], autouse=True)
 def kv_layout(request, monkeypatch):
-    """Every test on both KV layouts: the CPU's paged blocks, and one block of a whole context per sequence (the
-    layout the CUDA backend's attention reads)."""
+    """Every test on both KV layouts: paged blocks, and one block of a whole context per sequence (a backend
+    without block tables)."""
     from engine.backends.cpu import CPUBackend
     monkeypatch.setattr(CPUBackend, "paged_kv", request.param == "paged")
     return request.param

@@ -27,8 +27,9 @@ class Batch:
 
     @classmethod
     def make(cls, tokens, positions, seq_ids, logit_rows, tables: dict | None = None, width: int = 0) -> "Batch":
-        """tables: sequence id -> its KV blocks (a paged cache), for every sequence in the batch; block_tables has
-        at least width columns (a runtime's blocks per sequence: every step's tables the same shape)."""
+        """tables: sequence id -> its KV blocks (a list, or an int32 row zero past them; a paged cache), for every
+        sequence in the batch; block_tables has at least width columns (a runtime's blocks per sequence: every step's
+        tables the same shape)."""
         tokens = np.asarray(tokens, np.int32)
         positions = np.asarray(positions, np.int32)
         seq_ids = np.asarray(seq_ids, np.int32)
