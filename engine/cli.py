@@ -33,6 +33,9 @@ def add_gpu_flags(s) -> None:
                    help="a sequence's decode step multiplies q8_1 activations, as llama.cpp does, or 16-bit ones "
                         "(q16: q8_1 and a residual plane; KL to the exact model ~0.0002 against ~0.0026, decode "
                         "3-14 %% slower)")
+    s.add_argument("--batch-invariant", action="store_true",
+                   help="a sequence's tokens and log-probs independent of the others sharing its steps (the cpu "
+                        "backend; slower, BENCHMARKS.md)")
     s.add_argument("-tp", "--tensor-parallel", type=int, default=1, metavar="N",
                    help="split the model over N GPUs, one process each, NCCL between (on the CPU: N threads)")
     s.add_argument("--tp-local", type=int, default=None, metavar="K",
@@ -160,7 +163,8 @@ def _load_for_sampling(args, model: str | None):
     if args.n < -1:
         raise ValueError("-n must be >= 0, or -1 (until the end of generation or the context)")
     rt = Runtime.load(model, device=args.device, n_ctx=args.ctx, n_ubatch=args.ubatch, kv_f32=args.kv_f32,
-                      kv_type=args.kv_type, cuda=_cuda_config(args), tensor_parallel=_parallel(args))
+                      kv_type=args.kv_type, cuda=_cuda_config(args), tensor_parallel=_parallel(args),
+                      batch_invariant=args.batch_invariant)
     params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             repeat_penalty=args.repeat_penalty, seed=args.seed)
     return rt, params, (args.n if args.n >= 0 else rt.n_ctx)
@@ -294,7 +298,7 @@ def cmd_serve(args) -> int:
     core = CoreConfig(model, device=args.device, n_parallel=args.parallel, n_ctx=args.ctx, n_ubatch=args.ubatch,
                       max_batch_tokens=args.max_batch_tokens, kv_f32=args.kv_f32, prefix_cache=args.prefix_cache,
                       kv_memory=None if args.kv_memory is None else args.kv_memory * 2**30, kv_type=args.kv_type,
-                      cuda=_cuda_config(args), tensor_parallel=_parallel(args))
+                      cuda=_cuda_config(args), tensor_parallel=_parallel(args), batch_invariant=args.batch_invariant)
     cfg = ServerConfig(core, api_key=_api_key(args), model_id=args.model if args.model in hub.MODELS else None,
                        max_body_bytes=int(args.max_body_mb * (1 << 20)), max_queue=args.max_queue,
                        stall_s=args.core_timeout, cors=args.cors, metrics_key=args.metrics_key)
@@ -364,7 +368,8 @@ def cmd_bench(args) -> int:
 
     n_ctx = max(args.p, args.n) + 16
     rt = Runtime.load(args.model, device=args.device, n_ctx=n_ctx, n_ubatch=args.ubatch, kv_f32=args.kv_f32,
-                      kv_type=args.kv_type, cuda=_cuda_config(args), tensor_parallel=_parallel(args))
+                      kv_type=args.kv_type, cuda=_cuda_config(args), tensor_parallel=_parallel(args),
+                      batch_invariant=args.batch_invariant)
     rows = run_bench(rt, args.p, args.n, args.r)
     tp = f" tp{rt.tensor_parallel}" if rt.tensor_parallel > 1 else ""
     print(format_table(Path(rt.gguf.path).name, rt.backend.name + tp, rows, args.ubatch))

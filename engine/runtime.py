@@ -59,20 +59,24 @@ class Generation:
 class Runtime:
     def __init__(self, gguf: GGUFFile, device: str = "auto", n_ctx: int | None = None,
                  n_ubatch: int = DEFAULT_UBATCH, exact: bool = False, n_seq: int = 1, kv_f32: bool = False,
-                 cuda=None, tensor_parallel=1, kv_memory: float | None = None, kv_type: str | None = None):
+                 cuda=None, tensor_parallel=1, kv_memory: float | None = None, kv_type: str | None = None,
+                 batch_invariant: bool = False):
         """n_seq: the sequences that can be in flight at once. kv_memory: bytes of KV cache (a paged cache's blocks;
         None: enough for n_seq whole contexts). kv_type: the cache's type when not the backend's own (f32 on the
-        CPU, f16 on the GPU): one of the backend's kv_types."""
+        CPU, f16 on the GPU): one of the backend's kv_types. batch_invariant: a sequence's logits do not depend on
+        the others in its steps (get_backend)."""
         self.gguf = gguf
         model_class(gguf)                          # an unsupported architecture is the first thing to say
         self.tokenizer = Tokenizer(gguf)
         parallel = ParallelConfig.of(tensor_parallel)       # a rank count, or where the ranks run
         parallel.validate()
+        if parallel.size > 1 and batch_invariant:
+            raise ValueError("--batch-invariant runs on one rank only (not with --tensor-parallel)")
         if parallel.size > 1:                      # the model split over ranks (engine/parallel), driven as one
             from .parallel.group import load_parallel
             self.backend, self.model = load_parallel(gguf, parallel, device, exact, kv_f32, cuda)
         else:
-            self.backend = get_backend(device, exact, kv_f32, cuda)
+            self.backend = get_backend(device, exact, kv_f32, cuda, batch_invariant)
             self.model = load_model(gguf, self.backend)
         self.tensor_parallel = parallel.size
         self.backend.prepare_kernels()

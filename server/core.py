@@ -34,6 +34,7 @@ class CoreConfig:
     kv_type: str | None = None                 # the KV cache's type when not the backend's (Runtime's kv_type)
     cuda: object = None                        # engine.cuda.config.CudaConfig (None: the defaults)
     tensor_parallel: object = 1                # ranks the model is split over: a count or a ParallelConfig
+    batch_invariant: bool = False              # a sequence's logits independent of its batch (Runtime)
 
 
 def run_core(cfg: CoreConfig, in_addr: str, out_addr: str) -> None:
@@ -98,7 +99,7 @@ class EngineCore:
         self.rt = Runtime.load(cfg.model, device=cfg.device, n_ctx=cfg.n_ctx, n_seq=n_seq,
                                n_ubatch=cfg.n_ubatch, kv_f32=cfg.kv_f32, cuda=cfg.cuda,
                                tensor_parallel=cfg.tensor_parallel, kv_memory=cfg.kv_memory,
-                               kv_type=cfg.kv_type)
+                               kv_type=cfg.kv_type, batch_invariant=cfg.batch_invariant)
         self.sched = Scheduler(self.rt, cfg.max_batch_tokens, cfg.prefix_cache)
         self.seq_of: dict[int, int] = {}          # request id -> scheduler sequence id
         self.events: list[Event] = []

@@ -20,15 +20,21 @@ def cuda_backend_built() -> bool:
     return importlib.util.find_spec(f"{__name__}.cuda") is not None
 
 
-def get_backend(device: str = "auto", exact: bool = False, kv_f32: bool = False, cuda=None):
+def get_backend(device: str = "auto", exact: bool = False, kv_f32: bool = False, cuda=None,
+                batch_invariant: bool = False):
     """The backend for a device; kv_f32 selects an f32 KV cache on the GPU (the CPU cache is always f32/f64), cuda a
-    CudaConfig (engine/cuda/config.py: forced kernel choices, CUDA graphs off)."""
+    CudaConfig (engine/cuda/config.py: forced kernel choices, CUDA graphs off); batch_invariant: each row's results
+    independent of the other rows of its step (the cpu backend's mode, engine/backends/cpu.py)."""
     if device == "auto":
         device = "cuda" if not exact and cuda_backend_built() and cuda_available() else "cpu"
     if device == "cpu":
         from .cpu import CPUBackend
-        return CPUBackend(exact=exact)
+        return CPUBackend(exact=exact, batch_invariant=batch_invariant)
     if device == "cuda":
+        if batch_invariant:
+            raise BackendError("--batch-invariant: the cuda backend's kernels choose their splits and kernel family "
+                               "by the step's row count, so a sequence's logits depend on its batch; the batch-"
+                               "invariant mode runs on the cpu backend only (--device cpu)")
         if exact:
             raise BackendError("the exact (float64) mode runs on the CPU backend only")
         if not cuda_backend_built():

@@ -1,6 +1,10 @@
 """The numpy backend: weights dequantized once at load, float32 arithmetic (float64 in "exact" mode).
 
-This is the numerical reference for the GPU path.
+This is the numerical reference for the GPU path. In batch-invariant mode a row's results do not depend on the other
+rows of its step: each row's products go through BLAS alone, as a matrix-vector product (BLAS picks its kernel, and so
+its summation order, by the row count: gemv for one, others from two and from ~19), and attention takes each query row
+alone over exactly its own keys (a prompt's chunking depends on the step's budget). Measured on a 2-core CPU machine,
+SmolLM2: tg128 -1.4 %, pp512 -60 % (BENCHMARKS.md, "Batch invariance").
 """
 from __future__ import annotations
 
@@ -69,8 +73,9 @@ class CPUBackend(Backend):
     paged_kv = True
     kv_types = ("f16", "q8_0")
 
-    def __init__(self, exact: bool = False):
+    def __init__(self, exact: bool = False, batch_invariant: bool = False):
         self.exact = exact
+        self.batch_invariant = batch_invariant
         self.dtype = np.float64 if exact else np.float32
 
     def weight(self, info: TensorInfo, data: np.ndarray) -> np.ndarray:
@@ -84,7 +89,12 @@ class CPUBackend(Backend):
         return table[np.where(ours, local, 0)] * ours[:, None]
 
     def mul_mat(self, w, x):
-        return x @ w.T                                                  # [n, k] @ [k, m] -> [n, m]
+        if not self.batch_invariant:
+            return x @ w.T                                              # [n, k] @ [k, m] -> [n, m]
+        out = np.empty((len(x), len(w)), np.result_type(x, w))         # [n, m]
+        for i, row in enumerate(x):                                     # one BLAS gemv a row
+            out[i] = w @ row
+        return out
 
     def moe(self, router, gates, ups, downs, x, k, act, norm=True, shared=None):
         logits = self.mul_mat(router, x)                                # [n, n_expert]
@@ -137,34 +147,48 @@ class CPUBackend(Backend):
 
     def attention(self, q, k, v, cache, layer, batch: Batch, scale, window, softcap=0.0):
         n, n_head, d = q.shape
-        n_kv = k.shape[1]
-        group = n_head // n_kv
-        bs = cache.block_size
         out = np.empty((n, n_head, d), self.dtype)
+        bs = cache.block_size
         for r, (seq, a, b) in enumerate(batch.seq_ranges):
             table = batch.block_tables[r] if batch.block_tables is not None else np.array([seq])   # its blocks
             pos = batch.positions[a:b]                              # [nq]
             cache.store(layer, table[pos // bs], pos % bs, k[a:b], v[a:b])
             hi = int(pos.max()) + 1
             lo = max(0, int(pos.min()) - window + 1) if window else 0
-            keys, vals = cache.read(layer, table, lo, hi, self.dtype)           # [L, n_kv, d]
-            keys = keys.transpose(1, 2, 0)                          # [n_kv, d, L]
-            vals = vals.transpose(1, 0, 2)                          # [n_kv, L, d]
-            qs = q[a:b].reshape(b - a, n_kv, group, d).transpose(1, 2, 0, 3)   # [n_kv, group, nq, d]
-            scores = (qs @ keys[:, None]) * scale                   # [n_kv, group, nq, L]
-            if softcap:
-                scores = softcap * np.tanh(scores / softcap)
-            kpos = np.arange(lo, hi)
-            masked = kpos[None, :] > pos[:, None]                   # [nq, L]: future keys
-            if window:
-                masked |= kpos[None, :] <= pos[:, None] - window
-            scores[..., masked] = -np.inf
-            scores -= scores.max(axis=-1, keepdims=True)
-            probs = np.exp(scores)
-            probs /= probs.sum(axis=-1, keepdims=True)
-            o = probs @ vals[:, None]                               # [n_kv, group, nq, d]
-            out[a:b] = o.transpose(2, 0, 1, 3).reshape(b - a, n_head, d)
+            keys, vals = cache.read(layer, table, lo, hi, self.dtype)           # [L, n_kv, d] x2
+            if not self.batch_invariant:
+                out[a:b] = self._attend(q[a:b], pos, keys, vals, lo, scale, window, softcap)
+                continue
+            for i, p in enumerate(pos.tolist()):                    # each query alone over keys lo_i..p
+                lo_i = max(0, p - window + 1) if window else 0
+                keys_i = np.ascontiguousarray(keys[lo_i - lo:p + 1 - lo])
+                vals_i = np.ascontiguousarray(vals[lo_i - lo:p + 1 - lo])
+                out[a + i:a + i + 1] = self._attend(q[a + i:a + i + 1], pos[i:i + 1], keys_i, vals_i, lo_i, scale,
+                                                    window, softcap)
         return out.reshape(n, n_head * d)
+
+    def _attend(self, q, pos, keys, vals, lo, scale, window, softcap):
+        """Causal GQA attention of queries q [nq, n_head, d] at positions pos over keys / vals [L, n_kv, d] of
+        positions lo.. -> [nq, n_head, d]."""
+        nq, n_head, d = q.shape
+        n_kv = keys.shape[1]
+        group = n_head // n_kv
+        keys = keys.transpose(1, 2, 0)                              # [n_kv, d, L]
+        vals = vals.transpose(1, 0, 2)                              # [n_kv, L, d]
+        qs = q.reshape(nq, n_kv, group, d).transpose(1, 2, 0, 3)    # [n_kv, group, nq, d]
+        scores = (qs @ keys[:, None]) * scale                       # [n_kv, group, nq, L]
+        if softcap:
+            scores = softcap * np.tanh(scores / softcap)
+        kpos = np.arange(lo, lo + keys.shape[2])
+        masked = kpos[None, :] > pos[:, None]                       # [nq, L]: future keys
+        if window:
+            masked |= kpos[None, :] <= pos[:, None] - window
+        scores[..., masked] = -np.inf
+        scores -= scores.max(axis=-1, keepdims=True)
+        probs = np.exp(scores)
+        probs /= probs.sum(axis=-1, keepdims=True)
+        o = probs @ vals[:, None]                                   # [n_kv, group, nq, d]
+        return o.transpose(2, 0, 1, 3).reshape(nq, n_head, d)
 
     def swiglu(self, gate, up):
         return gate / (1.0 + np.exp(-gate)) * up

@@ -1,0 +1,98 @@
+"""Batch invariance on the CPU backend (--batch-invariant): a greedy request's tokens and log-probs are bitwise the same
+alone and beside other sequences that come and go at random steps, whatever chunks its prompt is cut into."""
+import numpy as np
+import pytest
+
+from engine.backends import BackendError, get_backend
+from engine.backends.cpu import CPUBackend
+from engine.runtime import Runtime
+from engine.sampling import SamplingParams
+from engine.scheduler import FinishEvent, Request, Scheduler, TokenEvent
+from tiny_models import N_VOCAB, write_tiny
+
+N_CTX = 64
+BUDGET = 24          # tokens a step: prompts go in chunks that depend on the decoding rows beside them
+TOP = 4              # top log-probs asked for
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3"])    # gemma3: a sliding window and a softcap-free GeGLU
+def model(request, tmp_path_factory):
+    return write_tiny(tmp_path_factory.mktemp("inv") / f"{request.param}.gguf", request.param)
+
+
+def _target(prompt: list[int]) -> Request:
+    return Request(prompt, SamplingParams(temperature=0), 8, ignore_eos=True, top_logprobs=TOP)
+
+
+def _run(model: str, n_seq: int, schedule: list[tuple[int, Request]]) -> list[list]:
+    """Submit each request at its step (schedule: (step, request)), step until every request ended -> each
+    request's events."""
+    sched = Scheduler(Runtime.load(model, device="cpu", n_ctx=N_CTX, n_seq=n_seq, batch_invariant=True), BUDGET)
+    events = [[] for _ in schedule]
+    step = 0
+    while True:
+        for (at, req), ev in zip(schedule, events):
+            if at == step:
+                sched.submit(req, ev.append)
+        busy = sched.step()
+        step += 1
+        if not busy and step > max(at for at, _ in schedule):
+            return events
+
+
+def _tokens_and_logprobs(events: list) -> list[tuple]:
+    assert isinstance(events[-1], FinishEvent) and events[-1].reason == "length", events[-1]
+    return [(e.token, e.logprob, e.top) for e in events if isinstance(e, TokenEvent)]
+
+
+@pytest.mark.parametrize("others", [1, 7, 15, 31, 63])
+def test_greedy_tokens_and_logprobs_do_not_depend_on_the_batch(model, others):
+    rng = np.random.default_rng()
+    prompts = [rng.integers(0, N_VOCAB, int(n)).tolist() for n in rng.integers(2, 40, 2)]
+    alone = [_tokens_and_logprobs(_run(model, 1, [(0, _target(p))])[0]) for p in prompts]
+    schedule = [(int(rng.integers(0, 12)), _target(p)) for p in prompts]
+    for _ in range(others):        # random prompts, lengths and stops, arriving at random steps
+        prompt = rng.integers(0, N_VOCAB, int(rng.integers(1, 48))).tolist()
+        sampling = SamplingParams(temperature=float(rng.choice([0.0, 0.9])), seed=int(rng.integers(1 << 30)))
+        schedule.append((int(rng.integers(0, 24)), Request(prompt, sampling, int(rng.integers(1, 12)),
+                                                           ignore_eos=True)))
+    together = _run(model, len(schedule), schedule)
+    for i, ref in enumerate(alone):
+        assert _tokens_and_logprobs(together[i]) == ref, f"prompt {i} beside {others} others"
+
+
+def test_a_rows_product_is_the_same_in_any_company():
+    rng = np.random.default_rng()
+    B = CPUBackend(batch_invariant=True)
+    w = rng.standard_normal((300, 256)).astype(np.float32)
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    alone = B.mul_mat(w, x)
+    for n in (2, 7, 16, 19, 53):
+        company = rng.standard_normal((n, 256)).astype(np.float32)
+        at = int(rng.integers(0, n))
+        company[at] = x[0]
+        y = B.mul_mat(w, company)
+        assert y.shape == (n, 300)
+        assert np.array_equal(y[at], alone[0])
+        np.testing.assert_allclose(y, company @ w.T, rtol=1e-4, atol=1e-4)
+
+
+def test_the_cuda_backend_refuses_batch_invariance_by_name():
+    with pytest.raises(BackendError, match="batch-invariant"):
+        get_backend("cuda", batch_invariant=True)
+
+
+def test_batch_invariance_is_refused_with_tensor_parallel(model):
+    with pytest.raises(ValueError, match="batch-invariant.*tensor-parallel"):
+        Runtime.load(model, device="cpu", n_ctx=N_CTX, tensor_parallel=2, batch_invariant=True)
+
+
+def test_the_cli_flag(model_path):
+    import subprocess
+    import sys
+    cmd = [sys.executable, "-m", "engine.cli", "generate", model_path("smol"), "The capital of France is", "-n", "4",
+           "--batch-invariant"]
+    r = subprocess.run(cmd + ["--device", "cpu"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    r = subprocess.run(cmd + ["--device", "cuda"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "batch-invariant" in r.stderr and "Traceback" not in r.stderr, r.stderr
