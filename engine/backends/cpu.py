@@ -161,6 +161,7 @@ class CPUBackend(Backend):
                 continue
             for i, p in enumerate(pos.tolist()):                    # each query alone over keys lo_i..p
                 lo_i = max(0, p - window + 1) if window else 0
+                # contiguous whether the cache gave a view of consecutive blocks or a gathered copy
                 keys_i = np.ascontiguousarray(keys[lo_i - lo:p + 1 - lo])
                 vals_i = np.ascontiguousarray(vals[lo_i - lo:p + 1 - lo])
                 out[a + i:a + i + 1] = self._attend(q[a + i:a + i + 1], pos[i:i + 1], keys_i, vals_i, lo_i, scale,
