@@ -3,6 +3,7 @@
 
     python scripts/bench.py mul-mat   [--reps 50] [--types q4_K,q8_0] [--ns 1,9,16] [--compare] [--graph]
     python scripts/bench.py attention [--n 512] [--reps 20] [--decode 4096,16384 --rows 1,32]
+    python scripts/bench.py norm      [--d 576,640,2560,4096,8192] [--rows 1,32,512]
     python scripts/bench.py decode    MODEL [--npl 1,8,16,32] [--npp 128] [--ntg 128] [--scheduler | --churn]
     python scripts/bench.py http      MODEL [--clients 1,8,32,64] [--step-ms 10] [--slots 64]
 
@@ -29,8 +30,16 @@ Times the attention kernel alone (10 back-to-back launches on a filled cache, / 
 attention_mma.cu) and an f32 cache (SIMT, attention.cu), medians of reps with CUDA events; TFLOPS counts the causal
 half of QK^T and PV (4 n^2/2 d flops per head).
 --decode DEPTHS times decode attention instead (attention_decode, through the backend: the rows' k, v stored too):
---rows sequences of one query each at position DEPTH of a paged f16 cache (blocks of 16); KV GB/s counts the keys
-and values read.
+--rows sequences of one query each at position DEPTH of a paged f16 cache (blocks of 16), 20 calls captured as one
+CUDA graph (no launch gaps), each on another layer of a cache larger than the L2; KV GB/s counts the keys and values
+read.
+
+norm: The residual add and RMS norm of every layer (add_rms_norm, the q8_1 blocks of its output written too at up
+to 8 rows) at row lengths --d and --rows rows: 20 calls captured as one CUDA graph, medians of --reps.
+
+    python scripts/bench.py norm [--d 576,640,2560,4096,8192] [--rows 1,32,512] [--reps 20] [--post-norm]
+
+GB/s counts x, r read and s, y written (f32).
 
 decode: Batched decode speed, llama-batched-bench style: B sequences each prefilled with npp random tokens, then ntg decode
 steps of all B at once (greedy, the argmax taken on the device); generated tokens/s = B * ntg / time of the steps.
@@ -312,7 +321,8 @@ def decode_attention(depths: list[int], rows: list[int], reps: int) -> None:
     import cupy as cp
 
     from engine.backends.cuda import CUDABackend
-    print(f"decode attention through the backend (k, v stored), paged f16 cache; medians of {reps}\n")
+    print(f"decode attention through the backend (k, v stored), paged f16 cache: 20 calls as one CUDA graph, layers "
+          f"rotated past the L2 cache; medians of {reps}\n")
     print("| model shape | depth | rows | us | KV GB/s |\n| --- | --- | --- | --- | --- |")
     rng = np.random.default_rng()
     for name, (n_head, n_kv, d) in SHAPES.items():
@@ -320,17 +330,45 @@ def decode_attention(depths: list[int], rows: list[int], reps: int) -> None:
             for b in rows:
                 be = CUDABackend(config=CudaConfig(graphs=False))
                 per = -(-(depth + 1) // 16)
-                cache = be.kv_cache(1, b * per, 16, n_kv, d)
-                for c in (cache.k[0], cache.v[0]):
+                kv_bytes = 2 * b * (depth + 1) * n_kv * d * 2
+                layers = max(2, min(20, -(-200_000_000 // kv_bytes)))        # > 2x the 50 MB L2 in all
+                cache = be.kv_cache(layers, b * per, 16, n_kv, d)
+                for c in (*cache.k, *cache.v):
                     c[:] = cp.random.standard_normal(c.shape, dtype=cp.float32).astype(cp.float16)
                 batch = Batch.make(np.zeros(b), [depth] * b, np.arange(b), np.arange(b),
                                    {s: list(range(s * per, (s + 1) * per)) for s in range(b)})
                 q = cp.asarray(rng.standard_normal((b, n_head, d)).astype(np.float32))
                 k, v = (cp.asarray(rng.standard_normal((b, n_kv, d)).astype(np.float32)) for _ in range(2))
                 with be.stream:
-                    us = time_batched(lambda _: be.attention(q, k, v, cache, 0, batch, d ** -0.5, None), [None], reps)
-                gbs = 2 * b * (depth + 1) * n_kv * d * 2 / (us * 1e-6) / 1e9
-                print(f"| {name} | {depth} | {b} | {us:.1f} | {gbs:.0f} |", flush=True)
+                    us = time_graph(lambda layer: be.attention(q, k, v, cache, layer, batch, d ** -0.5, None),
+                                    list(range(layers)), reps)
+                print(f"| {name} | {depth} | {b} | {us:.1f} | {kv_bytes / (us * 1e-6) / 1e9:.0f} |", flush=True)
+                del cache
+                cp.get_default_memory_pool().free_all_blocks()
+
+
+def norm_main(argv):
+    import cupy as cp
+
+    from engine.backends.cuda import CUDABackend
+    ap = argparse.ArgumentParser(prog="bench.py norm")
+    ap.add_argument("--d", default="576,640,2560,4096,8192")
+    ap.add_argument("--rows", default="1,32,512")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--post-norm", action="store_true", help="Gemma 3's form: r RMS-normed first")
+    args = ap.parse_args(argv)
+    be = CUDABackend(config=CudaConfig(graphs=False))
+    rng = np.random.default_rng()
+    print(f"add_rms_norm{' with a post-norm' if args.post_norm else ''}: 20 calls as one CUDA graph, medians of "
+          f"{args.reps}\n\n| d | rows | us | GB/s |\n| --- | --- | --- | --- |")
+    for d in (int(v) for v in args.d.split(",")):
+        w, wr = (cp.asarray(rng.standard_normal(d).astype(np.float32)) for _ in range(2))
+        for n in (int(v) for v in args.rows.split(",")):
+            x, r = (cp.asarray(rng.standard_normal((n, d)).astype(np.float32)) for _ in range(2))
+            with be.stream:
+                us = time_graph(lambda _: be.add_rms_norm(x, r, w, 1e-6, r_norm=wr if args.post_norm else None),
+                                [None], args.reps)
+            print(f"| {d} | {n} | {us:.2f} | {4 * n * d * 4 / (us * 1e-6) / 1e9:.0f} |", flush=True)
 
 
 # ---- decode --------------------------------------------------------------------------------------------------------
@@ -561,7 +599,8 @@ def http_main(argv) -> None:
     server.join(5)
 
 
-COMMANDS = {"mul-mat": mul_mat_main, "attention": attention_main, "decode": decode_main, "http": http_main}
+COMMANDS = {"mul-mat": mul_mat_main, "attention": attention_main, "norm": norm_main, "decode": decode_main,
+            "http": http_main}
 
 
 if __name__ == "__main__":

@@ -127,7 +127,7 @@ def test_prepare_compiles_only_the_models_types(monkeypatch):
     build.prepare({12, 14})                                       # Q4_K and Q6_K
     groups = {g for _, g in compiled}
     assert {"mmvq<12", "mmvq<14", "mmq<12", "mmq<14", "dequantize_f16<14", "mmvq_tc_q4_K<1", "mmvq_q4_K_pairs<1",
-            "mmq_q4_K", "rms_norm", "attention<u16", "quantize_q8_1"} <= groups
+            "mmq_q4_K", "rms_norm<4", "attention<u16", "quantize_q8_1"} <= groups
     assert not {"mmvq<2", "mmq<8", "dequantize_f32<20"} & groups
     assert len(compiled) == len(set(compiled))
     compiled.clear()

@@ -289,7 +289,7 @@ def test_nvrtc_fallback_equals_prebuilt(t):
     """A GPU without a prebuilt binary compiles the kernels with NVRTC (one group at a time): the same source gives
     the prebuilt cubin's bits, for a plain kernel (rms_norm) and a templated one (dequantize_f32<T>)."""
     import cupy as cp
-    from engine.backends.cuda import norm_threads
+    from engine.backends.cuda import norm_threads, norm_values
     from engine.cuda import build
     if build._prebuilt("dequantize") is None or build._prebuilt("rms_norm") is None:
         pytest.skip("no prebuilt kernels for this GPU in this install")
@@ -306,8 +306,9 @@ def test_nvrtc_fallback_equals_prebuilt(t):
     x = cp.asarray(rng.standard_normal((5, 576)).astype(np.float32))
     g = cp.asarray(rng.standard_normal(576).astype(np.float32))
     ys = []
-    for mod in (build._prebuilt("rms_norm"), build._nvrtc_group("rms_norm", "rms_norm")):
+    name = f"rms_norm<{norm_values(576)}>"
+    for mod in (build._prebuilt("rms_norm"), build._nvrtc_group("rms_norm", name[:-1])):
         y = cp.full((5, 576), cp.nan, cp.float32)
-        mod.get_function("rms_norm")((5,), (norm_threads(576),), (x, g, y, np.int32(576), np.float32(1e-6)))
+        mod.get_function(name)((5,), (norm_threads(576),), (x, g, y, np.int32(576), np.float32(1e-6)))
         ys.append(y.get())
     assert np.array_equal(ys[0], ys[1]) and np.isfinite(ys[0]).all()

@@ -24,7 +24,7 @@ def test_rms_norm(backends):
     import cupy as cp
     cpu, gpu, _ = backends
     rng = np.random.default_rng()
-    for shape in [(7, 640), (5, 4, 256), (1, 576)]:
+    for shape in [(7, 640), (5, 4, 256), (1, 576), (3, 2560), (2, 4096), (1, 8224)]:   # 2, 4, 4, 16 values a thread
         x = rng.standard_normal(shape).astype(np.float32) * 3
         w = rng.standard_normal(shape[-1]).astype(np.float32)
         y = gpu.rms_norm(cp.asarray(x), cp.asarray(w), 1e-6).get()
@@ -48,7 +48,7 @@ def test_add_rms_norm(backends, post_norm):
     import cupy as cp
     cpu, gpu, _ = backends
     rng = np.random.default_rng()
-    for shape in [(7, 640), (1, 576), (3, 2304)]:
+    for shape in [(7, 640), (1, 576), (3, 2304), (1, 4096), (2, 5120), (1, 8192)]:
         x, r = (rng.standard_normal(shape).astype(np.float32) * 3 for _ in range(2))
         w, wr = (rng.standard_normal(shape[-1]).astype(np.float32) for _ in range(2))
         ref_s, ref_y = cpu.add_rms_norm(x, r, w, 1e-6, r_norm=wr if post_norm else None)
@@ -173,20 +173,22 @@ def test_attention(backends, window, kind, d, softcap, layout):
 
 
 @pytest.mark.parametrize("layout", ["whole", "paged"])
-def test_decode_attention_batch_invariant(backends, layout):
-    """A decode row's attention is the same, bit for bit, alone and among 24 rows of other lengths: its chunks of
-    keys follow its own length (up to 4,000 keys: up to 32 chunks), never the batch; and it is the numpy backend's."""
+@pytest.mark.parametrize("n_ctx, n", [(4096, 24), (20000, 6)])
+def test_decode_attention_batch_invariant(backends, layout, n_ctx, n):
+    """A decode row's attention is the same, bit for bit, alone and among other rows of other lengths: its chunks of
+    keys follow its own length (up to 4,000 keys: chunks of 128; up to 20,000: up to 64 longer ones), never the
+    batch; and it is the numpy backend's."""
     import cupy as cp
     cpu, gpu, _ = backends
     rng = np.random.default_rng()
-    n_head, n_kv, d, n_ctx, n = 16, 4, 128, 4096, 24
+    n_head, n_kv, d = 16, 4, 128
     positions = rng.integers(1, n_ctx, n)
     _, gcache, tables = attention_caches(gpu, rng, n, n_ctx, n_kv, d, layout)
     q = cp.asarray(rng.standard_normal((n, n_head, d)).astype(np.float32))
     k, v = (cp.asarray(rng.standard_normal((n, n_kv, d)).astype(np.float32)) for _ in range(2))
     batch = Batch.make(np.zeros(n), positions, np.arange(n), np.arange(n), tables)
     together = gpu.attention(q, k, v, gcache, 0, batch, 0.125, None).get()
-    for i in rng.choice(n, 6, replace=False):
+    for i in rng.choice(n, min(n, 6), replace=False):
         one = Batch.make([0], [positions[i]], [i], [0], None if tables is None else {int(i): tables[i]})
         alone = gpu.attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], gcache, 0, one, 0.125, None).get()
         assert np.array_equal(alone[0], together[i]), (i, positions[i])

@@ -7,6 +7,8 @@ one stream of the backend; decode steps and repeated prefill ubatches are replay
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import cupy as cp
 import numpy as np
 
@@ -33,6 +35,16 @@ def norm_threads(d: int) -> int:
     return min(1024, max(32, (d // 2 + 31) // 32 * 32))
 
 
+def norm_values(d: int) -> int:
+    """The NV of the norm kernels for rows of d: the values a thread holds (build.NORM_VALUES)."""
+    need = -(-d // norm_threads(d))
+    nv = next((v for v in build.NORM_VALUES if v >= need), None)
+    if nv is None:
+        raise NotImplementedError(f"rows of {d} values: the CUDA norm kernels take at most "
+                                  f"{build.NORM_VALUES[-1] * 1024}")
+    return nv
+
+
 def attention_head_chunks(head_dim: int) -> int:
     """The MAXE of the attention kernel taking head_dim (kernels/attention.cu): the fewest 32-value chunks of
     build.ATTENTION_HEAD_CHUNKS holding it (registers for the keys loaded together)."""
@@ -56,6 +68,16 @@ def decode_chunks(max_keys: int) -> int:
     """attention_decode's chunks for a sequence of max_keys keys at most: its part buffer's chunk stride."""
     c = build.constants("attention")
     return min(c["DECODE_MAX_CHUNKS"], -(-max_keys // c["DECODE_CHUNK_KEYS"]))
+
+
+class AttentionCall(NamedTuple):
+    """What every attention kernel of one backend.attention call takes beside its rows."""
+    cache: KVCache
+    layer: int
+    scale: float
+    window: int | None
+    softcap: float
+    paging: tuple            # (tables, width, shift, rows): CUDABackend._paging
 
 
 ATTENTION_TICKETS = 128 * 128     # attention_decode's counters: rows x blocks per row of a launch (a mixed step's 128)
@@ -162,7 +184,8 @@ class CUDABackend(Backend):
         y = cp.empty_like(x)
         rows = x.size // d
         if rows:
-            kernel("rms_norm", "rms_norm")((rows,), (norm_threads(d),), (x, w, y, np.int32(d), np.float32(eps)))
+            kernel("rms_norm", f"rms_norm<{norm_values(d)}>")((rows,), (norm_threads(d),),
+                                                              (x, w, y, np.int32(d), np.float32(eps)))
         return y
 
     def add_rms_norm(self, x, r, w, eps, r_norm=None):
@@ -171,15 +194,17 @@ class CUDABackend(Backend):
         d = x.shape[-1]
         s, y = cp.empty_like(x), cp.empty_like(x)
         rows = x.size // d
-        q8 = (np.uint64(0),) * 3
+        null = np.uint64(0)
+        qs = ds = rs = null
         if 0 < rows <= 8 and d % 32 == 0:              # a decode step: y goes to MMVQ, write its q8_1 blocks too
-            q8 = self._q8_1_planes(rows, d)
-            self.acts.put_q8_1(y, q8)
-            q8 = (*q8, np.uint64(0))[:3]
+            planes = self._q8_1_planes(rows, d)
+            self.acts.put_q8_1(y, planes)
+            qs, ds, *residual = planes
+            rs = residual[0] if residual else null
         if rows:
-            kernel("rms_norm", "add_rms_norm")(
+            kernel("rms_norm", f"add_rms_norm<{norm_values(d)}>")(
                 (rows,), (norm_threads(d),),
-                (x, r, r_norm if r_norm is not None else np.uint64(0), w, s, y, *q8, np.int32(d), np.float32(eps)))
+                (x, r, r_norm if r_norm is not None else null, w, s, y, qs, ds, rs, np.int32(d), np.float32(eps)))
         return s, y
 
     def rope_qk(self, q, k, positions, inv_freq, neox, q_norm=None, k_norm=None, eps=0.0, mscale=1.0):
@@ -225,7 +250,7 @@ class CUDABackend(Backend):
         k = cp.ascontiguousarray(k, dtype=cp.float32)
         v = cp.ascontiguousarray(v, dtype=cp.float32)
         q = cp.ascontiguousarray(q, dtype=cp.float32)
-        ctx = (cache, layer, scale, window, softcap, paging)
+        ctx = AttentionCall(cache, layer, scale, window, softcap, paging)
         if batch.per_row:                                            # every row its own query: store all k, v first
             self._kv_store(k, v, tabs, positions, ctx)
             if self._decode_fits(n, n_head, ctx):
@@ -276,14 +301,14 @@ class CUDABackend(Backend):
     @staticmethod
     def _max_keys(ctx) -> int:
         """The most keys a row of the batch can attend to: its table's positions, or the window."""
-        window, (_, width, shift, rows) = ctx[3], ctx[5]
+        window, (_, width, shift, rows) = ctx.window, ctx.paging
         keys = int(rows) if int(shift) == 31 else int(width) * int(rows)
         return min(keys, window) if window else keys
 
     @staticmethod
     def _decode_blocks(n_head: int, ctx) -> int:
         """attention_decode's blocks per query row (grid y): each KV head's group of query heads, GMAX at a time."""
-        n_kv = ctx[0].k[ctx[1]].shape[2]
+        n_kv = ctx.cache.k[ctx.layer].shape[2]
         group = n_head // n_kv
         return n_kv * -(-group // decode_group_max(group))
 
@@ -296,7 +321,7 @@ class CUDABackend(Backend):
         return "float" if cache.k[layer].dtype == cp.float32 else "u16"
 
     def _kv_store(self, k, v, tabs, positions, ctx) -> None:
-        cache, layer, paging = ctx[0], ctx[1], ctx[5]
+        cache, layer, paging = ctx.cache, ctx.layer, ctx.paging
         n, row = k.shape[0], k.shape[1] * k.shape[2]
         kernel("attention", f"kv_store<{self._kv_type(cache, layer)}>")(
             ((n * row + 255) // 256,), (256,), (k, v, cache.k[layer], cache.v[layer], tabs, positions, *paging,

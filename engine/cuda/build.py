@@ -35,6 +35,7 @@ TC_WIDE_NCOLS = (24, 32, 40, 48, 56, 64)   # mmvq.cu's mmvq_tc_q4_K past 16 colu
 ATTENTION_HEAD_CHUNKS = (2, 4, 8)      # attention.cu's attention: head_dim / 32 up to this many
 DECODE_HEAD_DIMS = (64, 128, 256)      # attention.cu's attention_decode: head_dim padded to one of these
 DECODE_GROUPS = (1, 2, 4, 8)           # ... and the query heads of a GQA group one block takes
+NORM_VALUES = (2, 4, 8, 16)            # rms_norm.cu: the values a thread holds (rows up to 16 x 1024)
 TYPE_ALIASES = {"u16": "unsigned short"}     # common.cuh's typedefs as a demangled symbol spells them
 TYPED_KERNELS = ("mmvq", "mmvq_pieces", "mmq", "dequantize_f16", "dequantize_f32")   # first template argument: a type
 Q4_K_KERNELS = ("mmvq_tc_q4_K", "mmvq_q4_K_pairs", "mmq_q4_K")                       # Q4_K's own
@@ -76,7 +77,7 @@ def name_expressions(family: str) -> list[str]:
     if family == "rope":
         return ["rope", "rope_qk"]
     if family == "rms_norm":
-        return ["rms_norm", "add_rms_norm"]
+        return [f"{k}<{v}>" for k in ("rms_norm", "add_rms_norm") for v in NORM_VALUES]
     if family == "attention":
         return [f"kv_store<{t}>" for t in ("u16", "float")] + [
             f"attention<{t}, {e}, {c}>" for t in ("u16", "float") for e in ATTENTION_HEAD_CHUNKS

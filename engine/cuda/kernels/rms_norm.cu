@@ -6,42 +6,75 @@
 //   When qs is not null, y is also written as q8_1 blocks for MMVQ (exactly as quantize_q8_1 writes them, d a
 //   multiple of 32): qs : [rows, d] int8, ds : [rows, d/16] float2; and when rs is not null its residual plane
 //   rs : [rows, d] int8 (common.cuh warp_store_q8_1).
+// Thread t of a row's block holds values t, t + blockDim.x, ... (at most NV of them) in registers: every load is
+// issued before the first reduction, and nothing is read twice. A warp holds 32 consecutive values, as the q8_1
+// blocks need. fp32 sums through shared memory (block_sum), each thread's values added in order.
 // Launch rule (both): one block per row, a multiple of 32 threads up to 1024 (norm_threads in backends/cuda.py: about
-// two values per thread, so one short row still spreads over many warps); fp32 reduction through shared memory (block_sum).
+// two values per thread, so one short row still spreads over many warps); NV the smallest of build.NORM_VALUES
+// holding d / threads (norm_values).
 #include "common.cuh"
 
-extern "C" __global__ void __launch_bounds__(1024)
+template <int NV>
+__global__ void __launch_bounds__(1024)
 rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, int d, float eps) {
-    const float* xr = x + (long long)blockIdx.x * d;
-    float* yr = y + (long long)blockIdx.x * d;
+    const long long row = (long long)blockIdx.x * d;
+    float xv[NV], wv[NV];
     float s = 0.f;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) s += xr[i] * xr[i];
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        xv[k] = i < d ? x[row + i] : 0.f;
+        wv[k] = i < d ? w[i] : 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < NV; ++k) s += xv[k] * xv[k];
     const float inv = 1.0f / sqrtf(block_sum(s) / (float)d + eps);
-    for (int i = threadIdx.x; i < d; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i < d) y[row + i] = xv[k] * inv * wv[k];
+    }
 }
 
-extern "C" __global__ void __launch_bounds__(1024)
+template <int NV>
+__global__ void __launch_bounds__(1024)
 add_rms_norm(const float* __restrict__ x, const float* __restrict__ r, const float* __restrict__ wr,
              const float* __restrict__ w, float* __restrict__ s_out, float* __restrict__ y,
              signed char* __restrict__ qs, float2* __restrict__ ds, signed char* __restrict__ rs, int d,
              float eps) {
     const long long row = (long long)blockIdx.x * d;
+    float sv[NV], rv[NV], wv[NV], wrv[NV];
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        const bool in = i < d;
+        sv[k] = in ? x[row + i] : 0.f;
+        rv[k] = in ? r[row + i] : 0.f;
+        wv[k] = in ? w[i] : 0.f;
+        wrv[k] = in && wr != nullptr ? wr[i] : 0.f;
+    }
     float r_inv = 1.f;
     if (wr != nullptr) {
         float ss = 0.f;
-        for (int i = threadIdx.x; i < d; i += blockDim.x) ss += r[row + i] * r[row + i];
+#pragma unroll
+        for (int k = 0; k < NV; ++k) ss += rv[k] * rv[k];
         r_inv = 1.0f / sqrtf(block_sum(ss) / (float)d + eps);
     }
     float ss = 0.f;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        const float v = x[row + i] + (wr != nullptr ? r[row + i] * r_inv * wr[i] : r[row + i]);
-        s_out[row + i] = v;
-        ss += v * v;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        sv[k] += wr != nullptr ? rv[k] * r_inv * wrv[k] : rv[k];
+        if (i < d) s_out[row + i] = sv[k];
+        ss += sv[k] * sv[k];
     }
     const float inv = 1.0f / sqrtf(block_sum(ss) / (float)d + eps);
     const int lane = threadIdx.x & 31;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {    // every lane of a warp takes the same trips
-        const float v = s_out[row + i] * inv * w[i];
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i >= d) break;                              // every lane of a warp takes the same trips (d % 32 == 0)
+        const float v = sv[k] * inv * wv[k];
         y[row + i] = v;
         if (qs == nullptr) continue;
         warp_store_q8_1(v, lane, qs + row + i - lane, ds + (row + i - lane) / 16,       // lanes: 32 consecutive values
