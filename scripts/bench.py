@@ -155,7 +155,7 @@ def kernel_only(path, w, x, out):
         x16 = x.astype(cp.float16)
         return lambda wi: (launch.dequantize_into(wi, deq), launch.gemm_xwt(x16, deq, out))
     if path == "mmvf":
-        return lambda wi: launch.mmvf(wi, x, out)
+        return lambda wi: launch.mmvf(wi.data, x, out)
     return lambda wi: launch.gemm_xwt(x, wi.data, out)
 
 

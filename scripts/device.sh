@@ -22,6 +22,8 @@
 #   bash scripts/device.sh churn [B,..]   synthetic 8B: the engine core under a server's load, no HTTP
 #                                         (bench.py decode --churn), graphs on, then off
 #   bash scripts/device.sh http           the HTTP front end before a stand-in core (bench.py http)
+#   bash scripts/device.sh invariant smol|synth [SECS]  engine serve at 1, 8, 32, 64 clients, default then
+#                                         --batch-invariant: the cost of batch invariance
 #   bash scripts/device.sh structured smol|synth [SECS]  the load test at 8 and 32 clients, plain and with
 #                                         structured output (load_test.py --json-schema): the grammar masks' cost
 #   bash scripts/device.sh prefix synth|smol [SECS]  32 clients whose prompts share a 2,000-token system text
@@ -178,6 +180,17 @@ serve-engine)   # MODEL CLIENTS SECS [extra engine serve flags]: the load test a
   done
   kill $ep; wait $ep 2>/dev/null
   grep -v " 200 prompt=" /tmp/serve-engine.log | tail -5 ;;
+invariant)      # smol|synth|MODEL [SECS]: engine serve's load test, default then --batch-invariant
+  m=${2:-smol}; secs=${3:-8}
+  [ "$m" = smol ] && m=$SMOL; [ "$m" = synth ] && { synth 8b; m=$SYNTH; }
+  for mode in default --batch-invariant; do
+    start_engine "$m" $([ $mode = default ] || echo $mode)
+    for c in 1 8 32 64; do
+      echo "$(basename $m) $mode c=$c $(python3 scripts/load_test.py --url http://127.0.0.1:8090 --clients $c \
+        --seconds $secs --max-tokens 64 2>&1 | tail -1)" | tee -a "$OUT/invariant.log"
+    done
+    kill $ep; wait $ep 2>/dev/null
+  done ;;
 structured)     # smol|synth|MODEL [SECS]: the load test at 8 and 32 clients, plain and --json-schema, alternated
   m=${2:-smol}; secs=${3:-8}
   [ "$m" = smol ] && m=$SMOL; [ "$m" = synth ] && { synth 8b; m=$SYNTH; }

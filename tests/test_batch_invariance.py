@@ -20,14 +20,14 @@ def model(request, tmp_path_factory):
     return write_tiny(tmp_path_factory.mktemp("inv") / f"{request.param}.gguf", request.param)
 
 
-def _target(prompt: list[int]) -> Request:
+def target(prompt: list[int]) -> Request:
     return Request(prompt, SamplingParams(temperature=0), 8, ignore_eos=True, top_logprobs=TOP)
 
 
-def _run(model: str, n_seq: int, schedule: list[tuple[int, Request]]) -> list[list]:
-    """Submit each request at its step (schedule: (step, request)), step until every request ended -> each
-    request's events."""
-    sched = Scheduler(Runtime.load(model, device="cpu", n_ctx=N_CTX, n_seq=n_seq, batch_invariant=True), BUDGET)
+def run_schedule(rt: Runtime, schedule: list[tuple[int, Request]], budget: int = BUDGET) -> list[list]:
+    """Submit each request at its step (schedule: (step, request)) to a new Scheduler on rt (budget tokens a step),
+    step until every request ended -> each request's events."""
+    sched = Scheduler(rt, budget)
     events = [[] for _ in schedule]
     step = 0
     while True:
@@ -40,25 +40,36 @@ def _run(model: str, n_seq: int, schedule: list[tuple[int, Request]]) -> list[li
             return events
 
 
-def _tokens_and_logprobs(events: list) -> list[tuple]:
+def tokens_and_logprobs(events: list) -> list[tuple]:
     assert isinstance(events[-1], FinishEvent) and events[-1].reason == "length", events[-1]
     return [(e.token, e.logprob, e.top) for e in events if isinstance(e, TokenEvent)]
+
+
+def alone_and_together(run, prompts: list[list[int]], others: int, n_vocab: int, max_len: int, rng) -> None:
+    """Each prompt's greedy tokens and log-probs alone (run(schedule) -> events), then all of them arriving at random
+    steps beside `others` random requests (random prompts, lengths, sampling and stops): asserts they are the same."""
+    alone = [tokens_and_logprobs(run([(0, target(p))])[0]) for p in prompts]
+    schedule = [(int(rng.integers(0, 12)), target(p)) for p in prompts]
+    for _ in range(others):
+        prompt = rng.integers(0, n_vocab, int(rng.integers(1, max_len))).tolist()
+        sampling = SamplingParams(temperature=float(rng.choice([0.0, 0.9])), seed=int(rng.integers(1 << 30)))
+        schedule.append((int(rng.integers(0, 24)), Request(prompt, sampling, int(rng.integers(1, 12)),
+                                                           ignore_eos=True)))
+    together = run(schedule)
+    for i, ref in enumerate(alone):
+        assert tokens_and_logprobs(together[i]) == ref, f"prompt {i} beside {others} others"
+
 
 
 @pytest.mark.parametrize("others", [1, 7, 15, 31, 63])
 def test_greedy_tokens_and_logprobs_do_not_depend_on_the_batch(model, others):
     rng = np.random.default_rng()
     prompts = [rng.integers(0, N_VOCAB, int(n)).tolist() for n in rng.integers(2, 40, 2)]
-    alone = [_tokens_and_logprobs(_run(model, 1, [(0, _target(p))])[0]) for p in prompts]
-    schedule = [(int(rng.integers(0, 12)), _target(p)) for p in prompts]
-    for _ in range(others):        # random prompts, lengths and stops, arriving at random steps
-        prompt = rng.integers(0, N_VOCAB, int(rng.integers(1, 48))).tolist()
-        sampling = SamplingParams(temperature=float(rng.choice([0.0, 0.9])), seed=int(rng.integers(1 << 30)))
-        schedule.append((int(rng.integers(0, 24)), Request(prompt, sampling, int(rng.integers(1, 12)),
-                                                           ignore_eos=True)))
-    together = _run(model, len(schedule), schedule)
-    for i, ref in enumerate(alone):
-        assert _tokens_and_logprobs(together[i]) == ref, f"prompt {i} beside {others} others"
+
+    def run(schedule):
+        rt = Runtime.load(model, device="cpu", n_ctx=N_CTX, n_seq=len(schedule), batch_invariant=True)
+        return run_schedule(rt, schedule)
+    alone_and_together(run, prompts, others, N_VOCAB, 48, rng)
 
 
 def test_a_rows_product_is_the_same_in_any_company():
@@ -77,22 +88,25 @@ def test_a_rows_product_is_the_same_in_any_company():
         np.testing.assert_allclose(y, company @ w.T, rtol=1e-4, atol=1e-4)
 
 
-def test_the_cuda_backend_refuses_batch_invariance_by_name():
-    with pytest.raises(BackendError, match="batch-invariant"):
-        get_backend("cuda", batch_invariant=True)
-
-
 def test_batch_invariance_is_refused_with_tensor_parallel(model):
     with pytest.raises(ValueError, match="batch-invariant.*tensor-parallel"):
         Runtime.load(model, device="cpu", n_ctx=N_CTX, tensor_parallel=2, batch_invariant=True)
 
 
+def test_the_cuda_backend_refuses_forced_kernels_with_it():
+    from engine.cuda.config import CudaConfig
+    with pytest.raises(BackendError, match="batch-invariant.*decode-activations"):
+        get_backend("cuda", batch_invariant=True, cuda=CudaConfig(exact_decode=True))
+
+
 def test_the_cli_flag(model_path):
     import subprocess
     import sys
+    from conftest import HAS_GPU
     cmd = [sys.executable, "-m", "engine.cli", "generate", model_path("smol"), "The capital of France is", "-n", "4",
            "--batch-invariant"]
     r = subprocess.run(cmd + ["--device", "cpu"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip(), r.stderr
     r = subprocess.run(cmd + ["--device", "cuda"], capture_output=True, text=True, timeout=120)
-    assert r.returncode != 0 and "batch-invariant" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    assert (r.returncode == 0 and r.stdout.strip()) if HAS_GPU else (r.returncode != 0 and "GPU" in r.stderr), r.stderr

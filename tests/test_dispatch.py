@@ -238,3 +238,29 @@ def test_mmvqt_scratch_from_default_pool(monkeypatch):
     part2, _ = mmvq_launch._mmvqt_scratch(3 << 20, 20)
     assert part2.size == 3 << 20 and len(mmvq_launch._tc_scratch) == 2 and mmvq_launch._tc_scratch[0][0] is part
     assert pool.sizes == [4 << 14, 4 << 20, 4 << 14, 12 << 20]
+
+
+def test_batch_invariant_paths():
+    """Batch-invariant mode: one kernel family per weight whatever the column count (MMVQ's generic kernel in launches
+    of 8, MMVF for float weights and types without MMVQ), so a column's sums do not depend on the others."""
+    from engine.cuda import mmvq
+    types = (GGMLType.Q4_K, GGMLType.Q4_1, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.IQ4_XS)
+    with forced(batch_invariant=True):
+        for t in types:
+            w = weight(t, 4096, 14336)
+            assert {choose_path(w, n, SM90) for n in (1, 2, 8, 9, 17, 33, 64, 129, 512, 4096)} == {"mmvq"}
+            for n in (1, 5, 8, 9, 32, 64, 513):
+                name, *_ = mmvq.mmvq_choice(int(t), n if n <= 8 else 8, 0, 4096 * 14336, 14336)
+                assert name.startswith("mmvq<"), (t, n, name)
+                assert mmvq.column_groups(int(t), n) == [(j, min(8, n - j)) for j in range(0, n, 8)]
+            assert not mmvq.takes_residual(int(t), 1)
+        for t in (GGMLType.F16, GGMLType.F32, GGMLType.BF16):
+            assert {choose_path(weight(t, 4096, 4096), n, SM90) for n in (1, 8, 9, 512)} == {"mmvf"}
+    assert choose_path(weight(GGMLType.Q4_K, 4096, 14336), 1, SM90) == "mmvq"
+    assert mmvq.mmvq_choice(int(GGMLType.Q4_K), 1, 0, 4096 * 14336, 14336)[0].startswith("mmvq_q4_K_pairs")
+
+
+def test_batch_invariance_refuses_forced_kernels():
+    for fields in ({"mul_mat_path": "mmq"}, {"mmvq_q4_K": "tc"}, {"exact_decode": True}):
+        with pytest.raises(ValueError, match="--batch-invariant"):
+            CudaConfig(batch_invariant=True, **fields)

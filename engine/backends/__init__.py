@@ -1,6 +1,10 @@
 """Backend selection: `cpu` (numpy), `cuda` (CuPy + the project's kernels), `auto` (the GPU when CuPy sees one)."""
 from __future__ import annotations
 
+import dataclasses
+
+from ..cuda.config import CudaConfig
+
 
 class BackendError(RuntimeError):
     pass
@@ -24,7 +28,7 @@ def get_backend(device: str = "auto", exact: bool = False, kv_f32: bool = False,
                 batch_invariant: bool = False):
     """The backend for a device; kv_f32 selects an f32 KV cache on the GPU (the CPU cache is always f32/f64), cuda a
     CudaConfig (engine/cuda/config.py: forced kernel choices, CUDA graphs off); batch_invariant: each row's results
-    independent of the other rows of its step (the cpu backend's mode, engine/backends/cpu.py)."""
+    independent of the other rows of its step (engine/backends/cpu.py, CudaConfig.batch_invariant)."""
     if device == "auto":
         device = "cuda" if not exact and cuda_backend_built() and cuda_available() else "cpu"
     if device == "cpu":
@@ -32,9 +36,10 @@ def get_backend(device: str = "auto", exact: bool = False, kv_f32: bool = False,
         return CPUBackend(exact=exact, batch_invariant=batch_invariant)
     if device == "cuda":
         if batch_invariant:
-            raise BackendError("--batch-invariant: the cuda backend's kernels choose their splits and kernel family "
-                               "by the step's row count, so a sequence's logits depend on its batch; the batch-"
-                               "invariant mode runs on the cpu backend only (--device cpu)")
+            try:
+                cuda = dataclasses.replace(cuda or CudaConfig(), batch_invariant=True)
+            except ValueError as e:
+                raise BackendError(str(e)) from None
         if exact:
             raise BackendError("the exact (float64) mode runs on the CPU backend only")
         if not cuda_backend_built():

@@ -81,6 +81,7 @@ class AttentionCall(NamedTuple):
 
 
 ATTENTION_TICKETS = 128 * 128     # attention_decode's counters: rows x blocks per row of a launch (a mixed step's 128)
+INVARIANT_ROWS = 128              # rows per attention_decode launch in batch-invariant mode (its part buffer's size)
 
 
 class CUDABackend(Backend):
@@ -97,6 +98,10 @@ class CUDABackend(Backend):
         self._device_arrays: dict[int, tuple[np.ndarray, cp.ndarray]] = {}
         self._bound: dict[int, tuple[np.ndarray, cp.ndarray]] = {}
         self.acts = dispatch.Activations()     # q8_1 / f16 forms of the last activation multiplied
+        # batch-invariant mode: besides the mul_mat chain's choice (dispatch.py), attention takes every row alone
+        # (_attention_rows) and every q8_1 block comes from quantize_q8_1 (none written by a norm or attention
+        # kernel as a side product: one producer whatever the row count)
+        self.invariant = self.config.batch_invariant
         self._tickets = cp.zeros(ATTENTION_TICKETS, cp.int32)   # attention_decode's counters, per (row, KV group)
         self._host_f64: dict[int, tuple[np.ndarray, cp.ndarray]] = {}    # a model's rope frequencies, on the device
         self._qtypes: set[int] = set()          # the weights' GGML types (the kernels to load)
@@ -196,7 +201,7 @@ class CUDABackend(Backend):
         rows = x.size // d
         null = np.uint64(0)
         qs = ds = rs = null
-        if 0 < rows <= 8 and d % 32 == 0:              # a decode step: y goes to MMVQ, write its q8_1 blocks too
+        if 0 < rows <= 8 and d % 32 == 0 and not self.invariant:   # a decode step: y goes to MMVQ, its q8_1 too
             planes = self._q8_1_planes(rows, d)
             self.acts.put_q8_1(y, planes)
             qs, ds, *residual = planes
@@ -251,6 +256,9 @@ class CUDABackend(Backend):
         v = cp.ascontiguousarray(v, dtype=cp.float32)
         q = cp.ascontiguousarray(q, dtype=cp.float32)
         ctx = AttentionCall(cache, layer, scale, window, softcap, paging)
+        if self.invariant:
+            self._kv_store(k, v, tabs, positions, ctx)
+            return self._attention_rows(q, tabs, positions, ctx)
         if batch.per_row:                                            # every row its own query: store all k, v first
             self._kv_store(k, v, tabs, positions, ctx)
             if self._decode_fits(n, n_head, ctx):
@@ -327,9 +335,25 @@ class CUDABackend(Backend):
             ((n * row + 255) // 256,), (256,), (k, v, cache.k[layer], cache.v[layer], tabs, positions, *paging,
                                                 np.int32(n), np.int32(row)))
 
+    def _attention_rows(self, q, tabs, positions, ctx):
+        """Every row alone over its own keys (batch-invariant mode; k, v stored): attention_decode, whose split
+        depends on the row's length only, in launches of at most INVARIANT_ROWS rows, or where it lacks the head
+        size the one-warp-per-(row, head) kernel. -> [n, n_head*head_dim]"""
+        n, n_head, d = q.shape
+        if d > DECODE_HEAD_DIMS[-1]:
+            out = cp.empty((n, n_head, d), cp.float32)
+            self._attention_plain(q, tabs, positions, out, ctx)
+            return out.reshape(n, n_head * d)
+        per = max(1, min(INVARIANT_ROWS, ATTENTION_TICKETS // self._decode_blocks(n_head, ctx)))
+        if n <= per:
+            return self._attention_decode(q, None, None, tabs, positions, ctx)
+        return cp.concatenate([self._attention_decode(q[i:i + per], None, None, tabs[i:i + per],
+                                                      positions[i:i + per], ctx) for i in range(0, n, per)])
+
     def _attention_decode(self, q, k, v, tabs, positions, ctx):
         """Few query tokens (decode), flash-decoding over the keys; stores k, v first when given.
-        -> [n, n_head*head_dim], with its q8_1 blocks registered for the next mul_mat."""
+        -> [n, n_head*head_dim], with its q8_1 blocks registered for the next mul_mat (not in batch-invariant
+        mode)."""
         cache, layer, scale, window, softcap, paging = ctx
         n, n_head, d = q.shape
         n_kv, blocks = cache.k[layer].shape[2], self._decode_blocks(n_head, ctx)
@@ -337,15 +361,16 @@ class CUDABackend(Backend):
         n_split = max(1, min(max_chunks, -(-4 * self.n_sm // (n * blocks))))   # 4 blocks per SM
         out = cp.empty((n, n_head, d), cp.float32)
         part = cp.empty((n, n_head, max_chunks, d + 4), cp.float32)  # per chunk: max, sum, -, -, output[head_dim]
-        qs, ds, *rs = self._q8_1_planes(n, n_head * d)               # out as q8_1 (and its residual plane)
         none = np.uint64(0)
+        qs, ds, *rs = (none, none) if self.invariant else self._q8_1_planes(n, n_head * d)   # out as q8_1 (+ plane)
         kernel("attention", decode_kernel(self._kv_type(cache, layer), d, n_head // n_kv, softcap))(
             (n, blocks, n_split), (32, build.constants("attention")["DECODE_WARPS"]),
             (q, cache.k[layer], cache.v[layer], out, tabs, positions, *paging, np.int32(n_head), np.int32(n_kv),
              np.int32(d), np.float32(scale), np.int32(window or 0), np.float32(softcap), part, np.int32(max_chunks),
              self._tickets, qs, ds, rs[0] if rs else none, *((k, v) if k is not None else (none, none))))
         out = out.reshape(n, n_head * d)
-        self.acts.put_q8_1(out, (qs, ds, *rs))
+        if not self.invariant:
+            self.acts.put_q8_1(out, (qs, ds, *rs))
         return out
 
     @staticmethod

@@ -24,12 +24,19 @@ class CudaConfig:
     graphs: bool = True                  # decode and repeated prefill steps replayed as CUDA graphs
     exact_decode: bool = False           # one-column MMVQ (a sequence's decode step) on 16-bit activations: q8_1
                                          # plus an int8 residual plane (--decode-activations q16; BENCHMARKS.md)
+    batch_invariant: bool = False        # a row's results independent of the step's other rows (--batch-invariant):
+                                         # every quantized mul_mat through the generic mmvq, float ones through
+                                         # mmvf (launches of 8 columns, one reduction order for any column count),
+                                         # attention row by row (attention_decode's split by the row's own length)
 
     def __post_init__(self):
         if self.mul_mat_path not in (None, *MUL_MAT_PATHS):
             raise ValueError(f"unknown mul_mat path {self.mul_mat_path!r} (one of {', '.join(MUL_MAT_PATHS)})")
         if self.mmvq_q4_K not in (None, *Q4_K_MMVQ_KERNELS):
             raise ValueError(f"unknown Q4_K MMVQ kernel {self.mmvq_q4_K!r} (one of {', '.join(Q4_K_MMVQ_KERNELS)})")
+        if self.batch_invariant and (self.mul_mat_path or self.mmvq_q4_K or self.exact_decode):
+            raise ValueError("--batch-invariant chooses every mul_mat's kernel itself: it cannot be combined with "
+                             "--mul-mat-path, a forced Q4_K MMVQ kernel or --decode-activations q16")
 
 
 _current = CudaConfig()

@@ -6,6 +6,10 @@
     quantized, n <= mmq_max(T)     -> MMQ (int8 tensor cores; split-k where its tiles are fewer than the SMs)
     otherwise                      -> dequantize to f16 + cuBLAS
 
+In batch-invariant mode (CudaConfig.batch_invariant) every quantized type MMVQ knows takes MMVQ and every other
+weight MMVF (dequantized to f16 first where quantized), at any n, in launches of 8 columns whose per-column sums do
+not depend on n.
+
 The chain is `choose_path`: one `should_use_*` predicate per family, in order, each defined beside the family's launch
 rules (launch.py, mmvq.py, mmq.py) and fed the per-architecture table below. Force a path with
 `mul_mat(..., path=...)` or CudaConfig.mul_mat_path (`--mul-mat-path`, config.forced).
@@ -48,6 +52,8 @@ def _arch() -> tuple[int, int]:
 
 
 def choose_path(w: GPUWeight, n: int, arch: tuple[int, int] | None = None) -> str:
+    if current().batch_invariant:             # one reduction order per row for any n: MMVQ, or MMVF on float rows
+        return "mmvq" if w.quantized and int(w.type) in SUPPORTED_QTYPES else "mmvf"
     if launch.should_use_mmvf(w, n):
         return "mmvf"
     if not w.quantized:
@@ -124,8 +130,8 @@ def mul_mat(w: GPUWeight, x, path: str | None = None, out=None, acts: Activation
         return cupy.empty((0, w.m), cupy.float32)
     acts = acts or Activations()
     path = resolve_path(w, n, path)
-    if path == "mmvf":
-        return launch.mmvf(w, x, out)
+    if path == "mmvf":                        # a quantized w here: a type without MMVQ, batch-invariant mode
+        return launch.mmvf(launch.dequantize(w, "f16") if w.quantized else w.data, x, out)
     if path == "cublas":
         return launch.gemm_xwt(x, w.data, out)
     if path == "mmvq":

@@ -65,11 +65,12 @@ def dequantize_into(w: GPUWeight, out, rows=None):
 
 
 MMVF_THREADS = _MMVF["MMVF_THREADS"]
+MMVF_MAX_COLS = 8                       # columns one mmvf launch takes (its instantiations)
 
 
 def should_use_mmvf(w: GPUWeight, n: int) -> bool:
-    """Float weights at up to 8 columns (above: cuBLAS)."""
-    return not w.quantized and n <= 8
+    """Float weights at up to MMVF_MAX_COLS columns (above: cuBLAS)."""
+    return not w.quantized and n <= MMVF_MAX_COLS
 
 
 def mmvf_rows(ncols: int) -> int:
@@ -77,18 +78,21 @@ def mmvf_rows(ncols: int) -> int:
     return _MMVF["MMVF_ROWS_1"] if ncols == 1 else _MMVF["MMVF_ROWS_N"] if ncols <= 3 else _MMVF["MMVF_ROWS_HI"]
 
 
-def mmvf(w: GPUWeight, x, out=None):
-    """y [n, m] = x W^T for f16/f32 weights and n <= 8."""
+def mmvf(w, x, out=None):
+    """y [n, m] = x W^T for f16/f32 weights w ([m, k]), in launches of up to MMVF_MAX_COLS columns (each reads W)."""
     cp = _cp()
     n = x.shape[0]
+    m, k = w.shape
     x = cp.ascontiguousarray(x, dtype=cp.float32)
-    y = out if out is not None else cp.empty((n, w.m), cp.float32)
-    wt, vec = ("u16", 8) if w.data.dtype == cp.float16 else ("float", 4)
-    if w.k % vec or w.data.data.ptr % 16 or x.data.ptr % 16:     # rows not 16-byte aligned: plain loads
+    y = out if out is not None else cp.empty((n, m), cp.float32)
+    wt, vec = ("u16", 8) if w.dtype == cp.float16 else ("float", 4)
+    if k % vec or w.data.ptr % 16 or x.data.ptr % 16:             # rows not 16-byte aligned: plain loads
         vec = 1
-    rows = mmvf_rows(n)
-    kernel("mmvf", f"mmvf<{wt}, {n}, {vec}>")(((w.m + rows - 1) // rows,), (MMVF_THREADS,),
-                                               (w.data, x, y, np.int32(w.m), np.int32(w.k)))
+    for j in range(0, n, MMVF_MAX_COLS):
+        nj = min(MMVF_MAX_COLS, n - j)
+        rows = mmvf_rows(nj)
+        kernel("mmvf", f"mmvf<{wt}, {nj}, {vec}>")(((m + rows - 1) // rows,), (MMVF_THREADS,),
+                                                    (w, x[j:j + nj], y[j:j + nj], np.int32(m), np.int32(k)))
     return y
 
 

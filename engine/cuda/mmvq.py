@@ -53,6 +53,7 @@ TC_MAX_COLS = TC_WIDE_NCOLS[-1]                     # mmvq_tc_q4_K takes up to t
 MMVQT_SMEM_MAX = 227 * 1024                         # an sm_90 block's dynamic shared memory at most
 MMVQ_MAX_COLS = 16      # columns a mul_mat of a type without the tensor-core kernel takes on MMVQ (launches of 8)
 KERNEL_MAX_COLS = 8     # columns mmvq and mmvq_pieces take per launch
+INVARIANT_MAX_COLS = 1 << 20    # columns an MMVQ mul_mat takes in batch-invariant mode (every prefill ubatch)
 # Columns up to which mmvq and mmvq_q4_K_pairs take 16-bit activations (q8_1 and its residual plane, their EXACT
 # instances) where CudaConfig.exact_decode: one sequence's decode step, the path its fidelity is measured on
 # (BENCHMARKS.md, Fidelity).
@@ -74,7 +75,7 @@ def _q4_K_forced(kernel_name: str) -> bool | None:
 def _use_tc(t: int, n: int, weights: int = 0, k: int = 0) -> bool:
     """mmvq_tc_q4_K for Q4_K at >= TC_ALL_COLS columns, or >= TC_MIN_COLS (2 where k >= TC_2COL_K_PER_ROW x the rows)
     where the launch reads >= TC_MIN_WEIGHTS weights (weights: its matrices' rows x k)."""
-    if t != Q4_K:
+    if t != Q4_K or current().batch_invariant:
         return False
     forced = _q4_K_forced("tc")
     if forced is not None:
@@ -86,12 +87,12 @@ def _use_tc(t: int, n: int, weights: int = 0, k: int = 0) -> bool:
 
 def _use_pieces(t: int, n: int) -> bool:
     forced = _q4_K_forced("pieces")
-    return t == Q4_K and (n >= PIECES_MIN_COLS if forced is None else forced)
+    return t == Q4_K and not current().batch_invariant and (n >= PIECES_MIN_COLS if forced is None else forced)
 
 
 def _use_pairs(t: int, n: int) -> bool:
     forced = _q4_K_forced("pairs")
-    return t == Q4_K and n <= PAIRS_MAX_COLS and (True if forced is None else forced)
+    return t == Q4_K and not current().batch_invariant and n <= PAIRS_MAX_COLS and (True if forced is None else forced)
 
 
 def takes_residual(t: int, n: int) -> bool:
@@ -111,7 +112,9 @@ def mmvqt_ncols(n: int) -> int:
 
 def mmvq_max_cols(t: int) -> int:
     """Columns one MMVQ mul_mat of type t takes at most: TC_MAX_COLS where mmvq_tc_q4_K serves it, else
-    MMVQ_MAX_COLS."""
+    MMVQ_MAX_COLS; any number in batch-invariant mode (launches of KERNEL_MAX_COLS, CudaConfig.batch_invariant)."""
+    if current().batch_invariant:
+        return INVARIANT_MAX_COLS
     return TC_MAX_COLS if _use_tc(t, TC_MAX_COLS) else MMVQ_MAX_COLS
 
 
