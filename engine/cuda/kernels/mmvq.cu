@@ -160,6 +160,11 @@ __device__ __forceinline__ void dot_chunk(const int (&v)[8], const ChunkScale& s
                 acc[j] += sa[j].x * (s.d[0] * f0 + s.d[1] * f1);
             else
                 acc[j] += sa[j].x * s.d[0] * (f0 + f1);
+        } else if constexpr (T == T_Q2_K) {     // every rounding spelled out: nvcc contracted these sums one way
+                                                // at one column and another at 2..8 (batch invariance, measured)
+            acc[j] = __fmaf_rn(sa[j].x, __fmaf_rn(s.d[0], (float)d0, __fmul_rn(s.d[1], (float)d1)), acc[j]);
+            acc[j] = __fadd_rn(acc[j], __fmaf_rn(s.m[0], sa[j].y, __fmul_rn(s.m[1], sa[j].w)));
+            continue;
         } else if constexpr (TypeTraits<T>::per16) {
             acc[j] += sa[j].x * (s.d[0] * (float)d0 + s.d[1] * (float)d1);
         } else {
