@@ -34,8 +34,8 @@ def add_gpu_flags(s) -> None:
                         "(q16: q8_1 and a residual plane; KL to the exact model ~0.0002 against ~0.0026, decode "
                         "3-14 %% slower)")
     s.add_argument("--batch-invariant", action="store_true",
-                   help="a sequence's tokens and log-probs independent of the others sharing its steps (the cpu "
-                        "backend; slower, BENCHMARKS.md)")
+                   help="a sequence's tokens and log-probs independent of the others sharing its steps (slower: "
+                        "on the GPU -10 %% at one sequence, up to -61 %% served at 64; BENCHMARKS.md)")
     s.add_argument("-tp", "--tensor-parallel", type=int, default=1, metavar="N",
                    help="split the model over N GPUs, one process each, NCCL between (on the CPU: N threads)")
     s.add_argument("--tp-local", type=int, default=None, metavar="K",
