@@ -72,6 +72,20 @@ def test_greedy_tokens_and_logprobs_do_not_depend_on_the_batch(model, others):
     alone_and_together(run, prompts, others, N_VOCAB, 48, rng)
 
 
+def test_a_prefix_from_the_cache_gives_the_same_tokens(model):
+    """A prompt whose first blocks another request computed (prefix caching, on by default) gets the tokens and
+    log-probs it gets alone."""
+    rng = np.random.default_rng()
+    prompt = rng.integers(0, N_VOCAB, 40).tolist()
+    rt = Runtime.load(model, device="cpu", n_ctx=N_CTX, n_seq=4, batch_invariant=True)
+    alone = tokens_and_logprobs(run_schedule(rt, [(0, target(prompt))])[0])
+    sibling = prompt[:33] + rng.integers(0, N_VOCAB, 5).tolist()          # two full 16-position blocks in common
+    events = run_schedule(rt, [(0, Request(sibling, SamplingParams(temperature=0), 12, ignore_eos=True)),
+                                     (6, target(prompt))])
+    assert events[1][-1].cached_tokens >= 32                        # the prefix did come from the cache
+    assert tokens_and_logprobs(events[1]) == alone
+
+
 def test_a_rows_product_is_the_same_in_any_company():
     rng = np.random.default_rng()
     B = CPUBackend(batch_invariant=True)

@@ -90,3 +90,19 @@ def test_real_models_greedy_does_not_depend_on_the_batch(runtime, others):
     prompts = [rng.integers(0, n_vocab, int(n)).tolist() for n in rng.integers(2, MAX_PROMPT, PROMPTS)]
     alone_and_together(lambda schedule: run_schedule(runtime, schedule, BUDGET), prompts, others, n_vocab,
                        MAX_PROMPT, rng)
+
+
+@pytest.mark.slow
+def test_real_models_prefix_from_the_cache_gives_the_same_tokens(runtime):
+    from engine.sampling import SamplingParams
+    from engine.scheduler import Request
+    from test_batch_invariance import target, tokens_and_logprobs
+    rng = np.random.default_rng()
+    n_vocab = runtime.config.n_vocab
+    prompt = rng.integers(0, n_vocab, 150).tolist()
+    alone = tokens_and_logprobs(run_schedule(runtime, [(0, target(prompt))], BUDGET)[0])
+    sibling = prompt[:130] + rng.integers(0, n_vocab, 20).tolist()        # eight full 16-position blocks in common
+    events = run_schedule(runtime, [(0, Request(sibling, SamplingParams(temperature=0), 16, ignore_eos=True)),
+                                    (4, target(prompt))], BUDGET)
+    assert events[1][-1].cached_tokens >= 128
+    assert tokens_and_logprobs(events[1]) == alone
