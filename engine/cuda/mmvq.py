@@ -72,10 +72,16 @@ def _q4_K_forced(kernel_name: str) -> bool | None:
     return None if forced is None else forced == kernel_name
 
 
+def _q4_K_own(t: int) -> bool:
+    """Whether Q4_K's own MMVQ kernels (tc, pieces, pairs) may serve type t: Q4_K, outside batch-invariant mode
+    (where every type takes the generic mmvq)."""
+    return t == Q4_K and not current().batch_invariant
+
+
 def _use_tc(t: int, n: int, weights: int = 0, k: int = 0) -> bool:
     """mmvq_tc_q4_K for Q4_K at >= TC_ALL_COLS columns, or >= TC_MIN_COLS (2 where k >= TC_2COL_K_PER_ROW x the rows)
     where the launch reads >= TC_MIN_WEIGHTS weights (weights: its matrices' rows x k)."""
-    if t != Q4_K or current().batch_invariant:
+    if not _q4_K_own(t):
         return False
     forced = _q4_K_forced("tc")
     if forced is not None:
@@ -87,12 +93,12 @@ def _use_tc(t: int, n: int, weights: int = 0, k: int = 0) -> bool:
 
 def _use_pieces(t: int, n: int) -> bool:
     forced = _q4_K_forced("pieces")
-    return t == Q4_K and not current().batch_invariant and (n >= PIECES_MIN_COLS if forced is None else forced)
+    return _q4_K_own(t) and (n >= PIECES_MIN_COLS if forced is None else forced)
 
 
 def _use_pairs(t: int, n: int) -> bool:
     forced = _q4_K_forced("pairs")
-    return t == Q4_K and not current().batch_invariant and n <= PAIRS_MAX_COLS and (True if forced is None else forced)
+    return _q4_K_own(t) and n <= PAIRS_MAX_COLS and (True if forced is None else forced)
 
 
 def takes_residual(t: int, n: int) -> bool:
