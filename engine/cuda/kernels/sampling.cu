@@ -55,7 +55,7 @@ constrain_rows(float* __restrict__ logits, int m, const int* __restrict__ rows, 
                int words) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x, j = blockIdx.y;
     if (i < m && !((masks[(long long)j * words + (i >> 5)] >> (i & 31)) & 1u))
-        logits[(long long)rows[j] * m + i] = -INFINITY;
+        logits[(long long)rows[j] * m + i] = __int_as_float(0xff800000);   // -inf (NVRTC has no INFINITY)
 }
 
 __device__ __forceinline__ u32 order_key(float v) {           // unsigned order of keys = float order of values
