@@ -71,6 +71,23 @@ def test_launch_rules_read_the_kernels_constants():
     assert [mmvq_launch.mmvq_rows(n) for n in (1, 2, 8)] == [v["MMVQ_ROWS_1"], v["MMVQ_ROWS_N"], v["MMVQ_ROWS_N"]]
 
 
+def test_decode_attention_takes_tensor_cores_on_an_f16_cache():
+    """Decode attention over an f16 cache of head size 64, 128 or 256 runs attention_decode_mma (16 query heads a
+    block, its shared memory the query rows and two stages of 64-key K and V tiles, rows padded by 8 halves); an f32
+    cache or another head size runs the SIMT attention_decode, which takes GQA groups of up to 8 heads a block."""
+    from engine.cuda.launch import decode_kernel
+    for d in (64, 128, 256):
+        dk = decode_kernel("u16", d, 4, 0.0)
+        assert dk == (f"attention_decode_mma<{d}, false>", 16, (16 + 2 * 2 * 64) * (d + 8) * 2)
+    assert decode_kernel("u16", 128, 24, 30.0).name == "attention_decode_mma<128, true>"
+    assert decode_kernel("float", 128, 4, 0.0) == ("attention_decode<float, 128, 4, false>", 4, 0)
+    assert decode_kernel("u16", 96, 3, 0.0) == ("attention_decode<u16, 128, 4, false>", 4, 0)
+    assert decode_kernel("float", 64, 24, 0.0).rows == 8
+    names = set(build.name_expressions("attention"))
+    assert {decode_kernel(kv, d, g, cap).name for kv in ("u16", "float") for d in (64, 80, 128, 256)
+            for g in (1, 3, 4, 8, 24) for cap in (0.0, 50.0)} <= names
+
+
 def test_source_key_follows_the_source(monkeypatch):
     """An edited kernel source gets another key, so a cubin built from the old one is not loaded."""
     key = build.source_key("rms_norm")

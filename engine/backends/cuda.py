@@ -14,8 +14,9 @@ import numpy as np
 
 from ..cuda import build, dispatch, launch
 from ..cuda import sampling as device_sampling
-from ..cuda.build import ATTENTION_HEAD_CHUNKS, DECODE_GROUPS, DECODE_HEAD_DIMS, PREFILL_HEAD_DIMS, kernel
+from ..cuda.build import ATTENTION_HEAD_CHUNKS, DECODE_HEAD_DIMS, PREFILL_HEAD_DIMS, kernel
 from ..cuda.config import CudaConfig, configure
+from ..cuda.launch import DecodeKernel, decode_kernel
 from ..cuda.weights import GPUWeight, upload
 from ..gguf import TensorInfo
 from ..quants import dequantize
@@ -49,19 +50,6 @@ def attention_head_chunks(head_dim: int) -> int:
     """The MAXE of the attention kernel taking head_dim (kernels/attention.cu): the fewest 32-value chunks of
     build.ATTENTION_HEAD_CHUNKS holding it (registers for the keys loaded together)."""
     return next(e for e in ATTENTION_HEAD_CHUNKS if 32 * e >= head_dim)
-
-
-def decode_kernel(kv_type: str, head_dim: int, group: int, softcap: float) -> str:
-    """attention_decode's instantiation for a GQA group of `group` query heads (kernels/attention.cu: DP the smallest
-    of DECODE_HEAD_DIMS holding head_dim, GMAX decode_group_max)."""
-    dp = next(h for h in DECODE_HEAD_DIMS if h >= head_dim)
-    return f"attention_decode<{kv_type}, {dp}, {decode_group_max(group)}, {'true' if softcap else 'false'}>"
-
-
-def decode_group_max(group: int) -> int:
-    """The query heads one attention_decode block takes: the smallest of DECODE_GROUPS holding the group, else the
-    largest (a group then takes several blocks)."""
-    return next((g for g in DECODE_GROUPS if g >= group), DECODE_GROUPS[-1])
 
 
 def decode_chunks(max_keys: int) -> int:
@@ -313,12 +301,15 @@ class CUDABackend(Backend):
         keys = int(rows) if int(shift) == 31 else int(width) * int(rows)
         return min(keys, window) if window else keys
 
-    @staticmethod
-    def _decode_blocks(n_head: int, ctx) -> int:
-        """attention_decode's blocks per query row (grid y): each KV head's group of query heads, GMAX at a time."""
+    def _decode_blocks(self, n_head: int, ctx) -> int:
+        """Decode attention's blocks per query row (grid y): each KV head's group of query heads, `rows` at a time."""
         n_kv = ctx.cache.k[ctx.layer].shape[2]
         group = n_head // n_kv
-        return n_kv * -(-group // decode_group_max(group))
+        return n_kv * -(-group // self._decode_kernel(n_head, ctx).rows)
+
+    def _decode_kernel(self, n_head: int, ctx) -> DecodeKernel:
+        n_kv, d = ctx.cache.k[ctx.layer].shape[2:]
+        return decode_kernel(self._kv_type(ctx.cache, ctx.layer), d, n_head // n_kv, ctx.softcap)
 
     def _decode_fits(self, n: int, n_head: int, ctx) -> bool:
         """Whether attention_decode's counters reach n rows' blocks."""
@@ -363,11 +354,13 @@ class CUDABackend(Backend):
         part = cp.empty((n, n_head, max_chunks, d + 4), cp.float32)  # per chunk: max, sum, -, -, output[head_dim]
         none = np.uint64(0)
         qs, ds, *rs = (none, none) if self.invariant else self._q8_1_planes(n, n_head * d)   # out as q8_1 (+ plane)
-        kernel("attention", decode_kernel(self._kv_type(cache, layer), d, n_head // n_kv, softcap))(
+        dk = self._decode_kernel(n_head, ctx)
+        launch.with_smem(kernel("attention", dk.name), dk.smem)(
             (n, blocks, n_split), (32, build.constants("attention")["DECODE_WARPS"]),
             (q, cache.k[layer], cache.v[layer], out, tabs, positions, *paging, np.int32(n_head), np.int32(n_kv),
              np.int32(d), np.float32(scale), np.int32(window or 0), np.float32(softcap), part, np.int32(max_chunks),
-             self._tickets, qs, ds, rs[0] if rs else none, *((k, v) if k is not None else (none, none))))
+             self._tickets, qs, ds, rs[0] if rs else none, *((k, v) if k is not None else (none, none))),
+            shared_mem=dk.smem)
         out = out.reshape(n, n_head * d)
         if not self.invariant:
             self.acts.put_q8_1(out, (qs, ds, *rs))

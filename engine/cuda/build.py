@@ -35,6 +35,7 @@ TC_WIDE_NCOLS = (24, 32, 40, 48, 56, 64)   # mmvq.cu's mmvq_tc_q4_K past 16 colu
 ATTENTION_HEAD_CHUNKS = (2, 4, 8)      # attention.cu's attention: head_dim / 32 up to this many
 DECODE_HEAD_DIMS = (64, 128, 256)      # attention.cu's attention_decode: head_dim padded to one of these
 DECODE_GROUPS = (1, 2, 4, 8)           # ... and the query heads of a GQA group one block takes
+DECODE_MMA_HEAD_DIMS = (64, 128, 256)  # attention.cu's attention_decode_mma (tensor cores): an f16 cache's head_dim
 NORM_VALUES = (2, 4, 8, 16)            # rms_norm.cu: the values a thread holds (rows up to 16 x 1024)
 TYPE_ALIASES = {"u16": "unsigned short"}     # common.cuh's typedefs as a demangled symbol spells them
 TYPED_KERNELS = ("mmvq", "mmvq_pieces", "mmq", "dequantize_f16", "dequantize_f32")   # first template argument: a type
@@ -84,6 +85,7 @@ def name_expressions(family: str) -> list[str]:
             for c in ("false", "true")] + [
             f"attention_decode<{t}, {d}, {g}, {c}>" for t in ("u16", "float") for d in DECODE_HEAD_DIMS
             for g in DECODE_GROUPS for c in ("false", "true")] + [
+            f"attention_decode_mma<{d}, {c}>" for d in DECODE_MMA_HEAD_DIMS for c in ("false", "true")] + [
             f"attention_prefill<float, {d}>" for d in PREFILL_HEAD_DIMS]
     if family == "attention_mma":
         return [f"attention_prefill_mma<{d}>" for d in PREFILL_HEAD_DIMS]

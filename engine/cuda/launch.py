@@ -1,12 +1,13 @@
-"""Launchers of the small kernel families (quantize, dequantize, mmvf, cuBLAS, prefill attention) and the helpers every
+"""Launchers of the small kernel families (quantize, dequantize, mmvf, cuBLAS, attention) and the helpers every
 launch module shares; MMVQ's and MMQ's launch rules are in mmvq.py and mmq.py, beside their kernels' names."""
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 
-from .build import constants, kernel
+from .build import DECODE_GROUPS, DECODE_HEAD_DIMS, DECODE_MMA_HEAD_DIMS, constants, kernel
 from .weights import GPUWeight
 
 _MMVF = constants("mmvf")                 # the kernels' own #defines
@@ -122,7 +123,7 @@ def gemm_xwt(x, w, out=None):
     return y
 
 
-def _with_smem(fn, smem: int):
+def with_smem(fn, smem: int):
     """Allow fn smem bytes of dynamic shared memory (above the 48 KB default); returns fn."""
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
@@ -132,10 +133,37 @@ def _with_smem(fn, smem: int):
 def attention_prefill_mma(d: int, grid: tuple, args: tuple) -> None:
     """kernels/attention_mma.cu attention_prefill_mma<d>: block 128, attention_mma_smem_bytes(d) of shared memory."""
     smem = (16 + 2 * 64) * (d + 8) * 2                     # queries + K tile + V tile, f16 rows padded by 8
-    _with_smem(kernel("attention_mma", f"attention_prefill_mma<{d}>"), smem)(grid, (128,), args, shared_mem=smem)
+    with_smem(kernel("attention_mma", f"attention_prefill_mma<{d}>"), smem)(grid, (128,), args, shared_mem=smem)
 
 
 def attention_prefill_simt(d: int, grid: tuple, args: tuple) -> None:
     """kernels/attention.cu attention_prefill<float, d> (an f32 cache): block 128, prefill_smem_floats(d) floats."""
     smem = (2 * 32 * (d + 1) + 32 * d + 32 * 33) * 4
-    _with_smem(kernel("attention", f"attention_prefill<float, {d}>"), smem)(grid, (128,), args, shared_mem=smem)
+    with_smem(kernel("attention", f"attention_prefill<float, {d}>"), smem)(grid, (128,), args, shared_mem=smem)
+
+
+class DecodeKernel(NamedTuple):
+    """The attention.cu kernel a decode attention launch takes (launch rules in kernels/attention.cu)."""
+    name: str        # the instantiation
+    rows: int        # query heads one block takes (a GQA group of more takes several blocks)
+    smem: int        # dynamic shared memory, bytes
+
+
+def decode_kernel(kv_type: str, head_dim: int, group: int, softcap: float) -> DecodeKernel:
+    """Decode attention for a GQA group of `group` query heads: attention_decode_mma (f16 tensor cores, up to
+    DECODE_MMA_ROWS query heads a block) for an f16 cache of a head size it takes, else attention_decode (DP the
+    smallest of DECODE_HEAD_DIMS holding head_dim, GMAX decode_group_max)."""
+    cap = "true" if softcap else "false"
+    if kv_type == "u16" and head_dim in DECODE_MMA_HEAD_DIMS:
+        c = constants("attention")
+        return DecodeKernel(f"attention_decode_mma<{head_dim}, {cap}>", c["DECODE_MMA_ROWS"],
+                            c["DECODE_MMA_SMEM_ROWS"] * (head_dim + 8) * 2)     # decode_mma_smem_bytes
+    dp = next(h for h in DECODE_HEAD_DIMS if h >= head_dim)
+    gmax = decode_group_max(group)
+    return DecodeKernel(f"attention_decode<{kv_type}, {dp}, {gmax}, {cap}>", gmax, 0)
+
+
+def decode_group_max(group: int) -> int:
+    """The query heads one attention_decode block takes: the smallest of DECODE_GROUPS holding the group, else the
+    largest (a group then takes several blocks)."""
+    return next((g for g in DECODE_GROUPS if g >= group), DECODE_GROUPS[-1])

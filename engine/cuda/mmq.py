@@ -61,7 +61,7 @@ def mmq_launch(fn, split_sum, smem: int, per_sm: int, w: GPUWeight, qs, ds, n: i
     splits, per = mmq_splits(w.m, n_pad, w.k, launch._sm_count() * per_sm)
     part = y if splits == 1 else cp.empty((splits, n, w.m), cp.float32)    # each split's partial y
     grid = ((w.m + MMQ_BM - 1) // MMQ_BM, n_pad // MMQ_BN, splits)
-    launch._with_smem(fn, smem)(grid, (256,), (w.data, qs, ds, part, np.int32(w.m), np.int32(n), np.int32(w.k),
+    launch.with_smem(fn, smem)(grid, (256,), (w.data, qs, ds, part, np.int32(w.m), np.int32(n), np.int32(w.k),
                                         np.int64(w.row_bytes), np.int32(per)), shared_mem=smem)
     if splits > 1:
         nm = n * w.m

@@ -284,7 +284,7 @@ def mmvq_launches(ws: list[GPUWeight], qs, ds, n: int, ys: list, glu: int = 0, r
             splits = mmvqt_splits(row_blocks, k, nt)
             smem = mmvqt_smem_bytes(k, nt, splits)
             part, counters = _mmvqt_scratch(row_blocks * splits * mmvqt_rows(0, nt) * mmvqt_sums_cols(nt), row_blocks)
-            launches.append((functools.partial(launch._with_smem(fn, smem), shared_mem=smem), (row_blocks, splits),
+            launches.append((functools.partial(launch.with_smem(fn, smem), shared_mem=smem), (row_blocks, splits),
                              (32 * mmvqt_warps(nt),), mmvq_args(ws, *xs, splits, bool(glu)) + (part, counters,
                                                                                             np.int32(nj))))
             continue

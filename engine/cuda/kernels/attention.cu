@@ -55,6 +55,9 @@
 #define DECODE_KEYS 8            // keys a lane of attention_decode loads together
 #define DECODE_CHUNK_KEYS 128    // attention_decode's chunk: this many keys, or len / DECODE_MAX_CHUNKS where larger
 #define DECODE_MAX_CHUNKS 64
+#define DECODE_MMA_ROWS 16       // attention_decode_mma: query heads a block takes (the mma's 16 rows)
+#define DECODE_MMA_KEYS 64       // ... keys of a tile (16 a warp), two tiles in flight
+#define DECODE_MMA_SMEM_ROWS (DECODE_MMA_ROWS + 4 * DECODE_MMA_KEYS)   // its f16 rows of head_dim + 8 in shared memory
 
 template <typename KV> __device__ __forceinline__ float kv_load(const KV* p);
 template <> __device__ __forceinline__ float kv_load<u16>(const u16* p) { return h2f(*p); }
@@ -192,6 +195,95 @@ template <> struct Raw8<float> {
     }
 };
 
+// attention_decode's (and attention_decode_mma's) store of a decode step's new key and value at position p, by the
+// block that takes the chunk holding p (on), before any of the block's threads reads it.
+template <typename KV>
+__device__ __forceinline__ void decode_store_new(const float* __restrict__ k_new, const float* __restrict__ v_new,
+                                                 KV* cache_k, KV* cache_v, const KVRows& kv, int p, int tok, int kvh,
+                                                 int n_kv, int head_dim, bool on, int tid) {
+    if (on) {
+        const long long src = ((long long)tok * n_kv + kvh) * head_dim;
+        const long long dst = kv(p) * n_kv * head_dim + (long long)kvh * head_dim;
+        for (int e = tid; e < head_dim; e += DECODE_WARPS * 32) {
+            cache_k[dst + e] = kv_cast<KV>(k_new[src + e]);
+            cache_v[dst + e] = kv_cast<KV>(v_new[src + e]);
+        }
+    }
+    __syncthreads();
+}
+
+// attention_decode's (and attention_decode_mma's) last step: the block's chunk states are in part; the last block of
+// the (token, group) to finish merges the chunks' states in chunk order into out (and out's q8_1 blocks when qs is
+// not null; s_out: shared memory for gq * head_dim floats).
+template <int GM>
+__device__ __forceinline__ void decode_finish(float* __restrict__ out, const float* part, int* __restrict__ counters,
+                                              signed char* __restrict__ qs, float2* __restrict__ ds,
+                                              signed char* __restrict__ rs, float* s_out, int tok, int n_head,
+                                              int h0, int gq, int head_dim, int max_chunks, int n_chunks,
+                                              int n_split, int tid) {
+    const int lane = tid & 31, w = tid >> 5;
+    __threadfence();                                    // this block's chunk states are visible before the ticket
+    __shared__ int s_ticket;
+    if (tid == 0) s_ticket = atomicAdd(&counters[(long long)tok * gridDim.y + blockIdx.y], 1);
+    __syncthreads();
+    if (s_ticket != min(n_split, n_chunks) - 1) return;
+    __threadfence();
+    if (tid == 0) counters[(long long)tok * gridDim.y + blockIdx.y] = 0;
+    // the last block: warp w weighs the chunks of heads w, w + DECODE_WARPS, ... (lane i: chunks i and i + 32) ...
+    __shared__ float s_f[GM][DECODE_MAX_CHUNKS], s_sum[GM];
+    const int cstride = head_dim + 4, pstride = max_chunks * cstride;
+    for (int g = w; g < gq; g += DECODE_WARPS) {
+        const float* pp = part + ((long long)tok * n_head + h0 + g) * pstride;
+        float mz[2], mall = NEG_INF;
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+            const int cz = lane + 32 * b;
+            mz[b] = cz < n_chunks ? __ldcg(pp + cz * cstride) : NEG_INF;
+            mall = fmaxf(mall, mz[b]);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mall = fmaxf(mall, __shfl_xor_sync(0xffffffffu, mall, o));
+        float lsum = 0.f;
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+            const int cz = lane + 32 * b;
+            if (cz < n_chunks) {
+                const float f = expf(mz[b] - mall);
+                s_f[g][cz] = f;
+                lsum += f * __ldcg(pp + cz * cstride + 1);
+            }
+        }
+        lsum = warp_sum(lsum);
+        if (lane == 0) s_sum[g] = lsum;
+    }
+    __syncthreads();
+    // ... then each thread sums 4 consecutive output values over the chunks, in chunk order (16-byte loads, many in
+    // flight: one block reads every chunk's outputs) ...
+    for (int e = tid * 4; e < gq * head_dim; e += DECODE_WARPS * 128) {
+        const int g = e / head_dim, d = e % head_dim;
+        const long long th = (long long)tok * n_head + h0 + g;
+        const float* pp = part + th * pstride + 4 + d;
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 16
+        for (int cz = 0; cz < n_chunks; ++cz) {
+            const float f = s_f[g][cz];
+            const float4 x = __ldcg((const float4*)(pp + cz * cstride));
+            a.x += f * x.x; a.y += f * x.y; a.z += f * x.z; a.w += f * x.w;
+        }
+        const float sum = s_sum[g];
+        const float4 v = make_float4(a.x / sum, a.y / sum, a.z / sum, a.w / sum);
+        *(float4*)(out + th * head_dim + d) = v;
+        *(float4*)(s_out + e) = v;
+    }
+    if (qs == nullptr) return;
+    __syncthreads();
+    // ... and, for the next mul_mat, their q8_1 blocks (a warp per block of 32)
+    for (int e0 = w * 32; e0 < gq * head_dim; e0 += DECODE_WARPS * 32) {
+        const long long at = ((long long)tok * n_head + h0) * head_dim + e0;   // in [n, n_head * head_dim]
+        warp_store_q8_1(s_out[e0 + lane], lane, qs + at, ds + at / 16, rs == nullptr ? nullptr : rs + at);
+    }
+}
+
 template <typename KV, int DP, int GMAX, bool CAP>   // DP: head_dim padded (DECODE_HEAD_DIMS); GMAX: query heads
 __global__ void __launch_bounds__(DECODE_WARPS * 32)
 attention_decode(const float* __restrict__ q, KV* cache_k, KV* cache_v, float* __restrict__ out,
@@ -203,7 +295,6 @@ attention_decode(const float* __restrict__ q, KV* cache_k, KV* cache_v, float* _
     constexpr int LPK = DP / 8, KPW = 32 / LPK, GROUPS = DECODE_WARPS * KPW;   // lanes per key, keys per warp
     __shared__ float s_m[DECODE_WARPS][GMAX], s_l[DECODE_WARPS][GMAX];
     __shared__ float s_acc[DECODE_WARPS][GMAX][DP];
-    __shared__ int s_ticket;
     const int tok = blockIdx.x, z = blockIdx.z, n_split = gridDim.z;
     const int parts = gridDim.y / n_kv, kvh = blockIdx.y / parts, part_i = blockIdx.y % parts;
     const int G = n_head / n_kv, h0 = kvh * G + part_i * GMAX, gq = min(GMAX, G - part_i * GMAX);
@@ -221,14 +312,8 @@ attention_decode(const float* __restrict__ q, KV* cache_k, KV* cache_v, float* _
 #pragma unroll
         for (int i = 0; i < 8; ++i)
             qv[g][i] = g < gq && lane_on ? q[((long long)tok * n_head + h0 + g) * head_dim + sub * 8 + i] * scale : 0.f;
-    if (k_new != nullptr && z == (n_chunks - 1) % n_split) {   // the block of the last chunk stores k, v at p first
-        const long long src = ((long long)tok * n_kv + kvh) * head_dim, dst = kv(p) * stride + (long long)kvh * head_dim;
-        for (int e = tid; e < head_dim; e += DECODE_WARPS * 32) {
-            cache_k[dst + e] = kv_cast<KV>(k_new[src + e]);
-            cache_v[dst + e] = kv_cast<KV>(v_new[src + e]);
-        }
-        __syncthreads();
-    }
+    decode_store_new(k_new, v_new, cache_k, cache_v, kv, p, tok, kvh, n_kv, head_dim,
+                     k_new != nullptr && z == (n_chunks - 1) % n_split, tid);
     for (int c = z; c < n_chunks; c += n_split) {
         const int j0 = lo + c * chunk, j1 = min(p + 1, j0 + chunk);
         float m[GMAX], l[GMAX], acc[GMAX][8];
@@ -346,66 +431,172 @@ attention_decode(const float* __restrict__ q, KV* cache_k, KV* cache_v, float* _
         }
         __syncthreads();                                // s_* are read before the next chunk writes them
     }
-    __threadfence();                                    // this block's chunk states are visible before the ticket
-    if (tid == 0) s_ticket = atomicAdd(&counters[(long long)tok * gridDim.y + blockIdx.y], 1);
-    __syncthreads();
-    if (s_ticket != min(n_split, n_chunks) - 1) return;
-    __threadfence();
-    if (tid == 0) counters[(long long)tok * gridDim.y + blockIdx.y] = 0;
-    // the last block: warp w weighs the chunks of heads w, w + DECODE_WARPS, ... (lane i: chunks i and i + 32) ...
-    __shared__ float s_f[GMAX][DECODE_MAX_CHUNKS], s_sum[GMAX];
-    const int cstride = head_dim + 4, pstride = max_chunks * cstride;
-    for (int g = w; g < gq; g += DECODE_WARPS) {
-        const float* pp = part + ((long long)tok * n_head + h0 + g) * pstride;
-        float mz[2], mall = NEG_INF;
-#pragma unroll
-        for (int b = 0; b < 2; ++b) {
-            const int cz = lane + 32 * b;
-            mz[b] = cz < n_chunks ? __ldcg(pp + cz * cstride) : NEG_INF;
-            mall = fmaxf(mall, mz[b]);
+    decode_finish<GMAX>(out, part, counters, qs, ds, rs, &s_acc[0][0][0], tok, n_head, h0, gq, head_dim,
+                        max_chunks, n_chunks, n_split, tid);
+}
+
+__host__ __device__ constexpr int decode_mma_smem_bytes(int d) {   // queries, then two stages of K and V tiles, f16
+    return DECODE_MMA_SMEM_ROWS * (d + 8) * 2;
+}
+
+// attention_decode on f16 tensor cores, for an f16 cache of head_dim D: the block's query heads are the rows of the
+// mma's A (as attention_prefill_mma's queries are; rows past the group are zero), its chunks the same as
+// attention_decode's. A chunk's keys come in tiles of DECODE_MMA_KEYS (cp.async, the next tile loading while the warps
+// work on this one); warp w takes keys 16w..16w+15 of each tile: S = Q K^T, the online softmax in fp32 (log2
+// units), O += P V with Q and P rounded to f16; at the chunk's end the warps' states merge through shared memory
+// into the chunk's state in part (its max in natural-log units, as attention_decode's). decode_finish as there.
+//   Launch rule: grid (n, n_kv * ceil(G / DECODE_MMA_ROWS), n_split), block (32, DECODE_WARPS), dynamic shared
+//   memory decode_mma_smem_bytes(D); D one of build.DECODE_MMA_HEAD_DIMS; n_split <= max_chunks.
+template <int D, bool CAP>
+__global__ void __launch_bounds__(DECODE_WARPS * 32)
+attention_decode_mma(const float* __restrict__ q, u16* cache_k, u16* cache_v, float* __restrict__ out,
+                     const int* __restrict__ tabs, const int* __restrict__ positions, const int* __restrict__ tables,
+                     int width, int shift, int rows, int n_head, int n_kv, int head_dim, float scale, int window,
+                     float softcap, float* __restrict__ part, int max_chunks, int* __restrict__ counters,
+                     signed char* __restrict__ qs, float2* __restrict__ ds, signed char* __restrict__ rs,
+                     const float* __restrict__ k_new, const float* __restrict__ v_new) {
+    constexpr int LDS = D + 8, R = DECODE_MMA_ROWS, BK = DECODE_MMA_KEYS, TILE = 2 * BK * LDS;   // TILE: K then V
+    extern __shared__ __align__(16) u16 dm_smem[];
+    u16* sQ = dm_smem;                          // [R][LDS] the queries, scaled (log2 units), f16
+    u16* sKV = sQ + R * LDS;                    // [2 stages][K, V][BK][LDS] tiles
+    const int tok = blockIdx.x, z = blockIdx.z, n_split = gridDim.z;
+    const int parts = gridDim.y / n_kv, kvh = blockIdx.y / parts, part_i = blockIdx.y % parts;
+    const int G = n_head / n_kv, h0 = kvh * G + part_i * R, gq = min(R, G - part_i * R);
+    const int lane = threadIdx.x, w = threadIdx.y, tid = w * 32 + lane, g = lane >> 2, t = lane & 3;
+    const int p = positions[tok];
+    const int lo = window > 0 ? max(0, p - window + 1) : 0, len = p - lo + 1;
+    const int chunk = decode_chunk(len), n_chunks = (len + chunk - 1) / chunk;
+    if (z >= n_chunks) return;
+    const KVRows kv(tables, width, shift, rows, tabs[tok]);
+    const long long stride = (long long)n_kv * D, off = (long long)kvh * D;
+    const float qscale = scale * 1.4426950408889634f, cap2 = softcap * 1.4426950408889634f;
+    for (int e = tid; e < R * D / 2; e += DECODE_WARPS * 32) {
+        const int r = e / (D / 2), c = (e % (D / 2)) * 2;
+        float2 v = make_float2(0.f, 0.f);
+        if (r < gq) v = *(const float2*)(q + ((long long)tok * n_head + h0 + r) * D + c);
+        *(u32*)(sQ + r * LDS + c) = pack_f16x2(v.x * qscale, v.y * qscale);
+    }
+    decode_store_new(k_new, v_new, cache_k, cache_v, kv, p, tok, kvh, n_kv, D,
+                     k_new != nullptr && z == (n_chunks - 1) % n_split, tid);
+    auto load_tile = [&](int stage, int j0, int j1) {   // keys j0.. (< j1, else zeros) into a stage, one group
+        u16* sK = sKV + stage * TILE;
+        u16* sV = sK + BK * LDS;
+        for (int e = tid; e < BK * D / 8; e += DECODE_WARPS * 32) {
+            const int r = e / (D / 8), c = (e % (D / 8)) * 8, j = j0 + r;
+            const bool in = j < j1;
+            const long long at = in ? kv(j) * stride + off + c : 0;
+            cp_async16(sK + r * LDS + c, cache_k + at, in ? 16 : 0);
+            cp_async16(sV + r * LDS + c, cache_v + at, in ? 16 : 0);
         }
+        cp_async_commit();
+    };
+    const int kw = w * 16;                      // this warp's first key in a tile
+    for (int c = z; c < n_chunks; c += n_split) {
+        const int j0 = lo + c * chunk, j1 = min(p + 1, j0 + chunk), n_tiles = (j1 - j0 + BK - 1) / BK;
+        load_tile(0, j0, j1);
+        if (n_tiles > 1) load_tile(1, j0 + BK, j1);
+        float o[D / 8][4];                      // O rows g, g + 8: 8-column tiles
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) mall = fmaxf(mall, __shfl_xor_sync(0xffffffffu, mall, o));
-        float lsum = 0.f;
+        for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+        float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};   // l: this lane's part of the row sums
+        for (int ti = 0; ti < n_tiles; ++ti) {
+            if (ti + 1 < n_tiles) cp_async_wait<1>(); else cp_async_wait_all();
+            __syncthreads();                    // tile ti is in shared memory (and sQ written)
+            const int jt = j0 + ti * BK;
+            const u16* sK = sKV + (ti & 1) * TILE;
+            const u16* sV = sK + BK * LDS;
+            if (jt + kw < j1) {                 // some of this warp's keys are in the chunk
+                float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};    // keys kw + 0..7, kw + 8..15
 #pragma unroll
-        for (int b = 0; b < 2; ++b) {
-            const int cz = lane + 32 * b;
-            if (cz < n_chunks) {
-                const float f = expf(mz[b] - mall);
-                s_f[g][cz] = f;
-                lsum += f * __ldcg(pp + cz * cstride + 1);
+                for (int kk = 0; kk < D; kk += 16) {
+                    u32 a[4], b[4];
+                    ldsm_x4(a, sQ + ((lane & 7) + ((lane >> 3) & 1) * 8) * LDS + kk + (lane >> 4) * 8);
+                    ldsm_x4(b, sK + (kw + (lane & 7) + (lane >> 4) * 8) * LDS + kk + ((lane >> 3) & 1) * 8);
+                    mma_f16(s[0], a, b[0], b[1]);
+                    mma_f16(s[1], a, b[2], b[3]);
+                }
+                float mx[2] = {m[0], m[1]};
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const bool ok = jt + kw + nt * 8 + 2 * t + (e & 1) < j1;
+                        s[nt][e] = ok ? (CAP ? cap2 * tanhf(s[nt][e] / cap2) : s[nt][e]) : NEG_INF;
+                        mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+                    }
+                float corr[2];
+#pragma unroll
+                for (int row = 0; row < 2; ++row) {
+                    mx[row] = fmaxf(mx[row], __shfl_xor_sync(0xffffffffu, mx[row], 1));
+                    mx[row] = fmaxf(mx[row], __shfl_xor_sync(0xffffffffu, mx[row], 2));
+                    corr[row] = m[row] == NEG_INF ? 0.f : exp2f(m[row] - mx[row]);   // mx is finite: key kw is in
+                    m[row] = mx[row];
+                }
+                float pr[2][4];
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) pr[nt][e] = s[nt][e] == NEG_INF ? 0.f : exp2f(s[nt][e] - m[e >> 1]);
+                l[0] = l[0] * corr[0] + pr[0][0] + pr[0][1] + pr[1][0] + pr[1][1];
+                l[1] = l[1] * corr[1] + pr[0][2] + pr[0][3] + pr[1][2] + pr[1][3];
+                const u32 pa[4] = {pack_f16x2(pr[0][0], pr[0][1]), pack_f16x2(pr[0][2], pr[0][3]),
+                                   pack_f16x2(pr[1][0], pr[1][1]), pack_f16x2(pr[1][2], pr[1][3])};
+#pragma unroll
+                for (int i = 0; i < D / 8; ++i) {
+                    o[i][0] *= corr[0]; o[i][1] *= corr[0];
+                    o[i][2] *= corr[1]; o[i][3] *= corr[1];
+                }
+#pragma unroll
+                for (int nd = 0; nd < D / 16; ++nd) {
+                    u32 b[4];
+                    ldsm_x4_trans(b, sV + (kw + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + nd * 16 + (lane >> 4) * 8);
+                    mma_f16(o[2 * nd], pa, b[0], b[1]);
+                    mma_f16(o[2 * nd + 1], pa, b[2], b[3]);
+                }
             }
+            __syncthreads();                    // the stage is consumed: the tile after next may load into it
+            if (ti + 2 < n_tiles) load_tile(ti & 1, jt + 2 * BK, j1);
         }
-        lsum = warp_sum(lsum);
-        if (lane == 0) s_sum[g] = lsum;
-    }
-    __syncthreads();
-    // ... then each thread sums 4 consecutive output values over the chunks, in chunk order (16-byte loads, many in
-    // flight: one block reads every chunk's outputs) ...
-    float* s_out = &s_acc[0][0][0];                     // [gq * head_dim] the outputs, for their q8_1 blocks
-    for (int e = tid * 4; e < gq * head_dim; e += DECODE_WARPS * 128) {
-        const int g = e / head_dim, d = e % head_dim;
-        const long long th = (long long)tok * n_head + h0 + g;
-        const float* pp = part + th * pstride + 4 + d;
-        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 16
-        for (int cz = 0; cz < n_chunks; ++cz) {
-            const float f = s_f[g][cz];
-            const float4 x = __ldcg((const float4*)(pp + cz * cstride));
-            a.x += f * x.x; a.y += f * x.y; a.z += f * x.z; a.w += f * x.w;
+#pragma unroll
+        for (int row = 0; row < 2; ++row) {
+            l[row] += __shfl_xor_sync(0xffffffffu, l[row], 1);
+            l[row] += __shfl_xor_sync(0xffffffffu, l[row], 2);
         }
-        const float sum = s_sum[g];
-        const float4 v = make_float4(a.x / sum, a.y / sum, a.z / sum, a.w / sum);
-        *(float4*)(out + th * head_dim + d) = v;
-        *(float4*)(s_out + e) = v;
+        // the four warps' states merge through shared memory (the tiles' space: none is loading) into part
+        float* sO = (float*)sKV;                // [DECODE_WARPS][R][D] outputs, then [DECODE_WARPS][R] maxima, sums
+        float* sM = sO + DECODE_WARPS * R * D;
+        float* sL = sM + DECODE_WARPS * R;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+            *(float2*)(sO + (w * R + g) * D + i * 8 + 2 * t) = make_float2(o[i][0], o[i][1]);
+            *(float2*)(sO + (w * R + g + 8) * D + i * 8 + 2 * t) = make_float2(o[i][2], o[i][3]);
+        }
+        if (t == 0) {
+            sM[w * R + g] = m[0]; sM[w * R + g + 8] = m[1];
+            sL[w * R + g] = l[0]; sL[w * R + g + 8] = l[1];
+        }
+        __syncthreads();
+        for (int e = tid; e < gq * D; e += DECODE_WARPS * 32) {
+            const int r = e / D, d = e % D;
+            float mx = NEG_INF;
+#pragma unroll
+            for (int i = 0; i < DECODE_WARPS; ++i) mx = fmaxf(mx, sM[i * R + r]);
+            float lt = 0.f, a = 0.f;            // the chunk has keys: mx is finite
+#pragma unroll
+            for (int i = 0; i < DECODE_WARPS; ++i) {
+                const float mi = sM[i * R + r];
+                const float f = mi == NEG_INF ? 0.f : exp2f(mi - mx);
+                lt += f * sL[i * R + r];
+                a += f * sO[(i * R + r) * D + d];
+            }
+            float* pp = part + (((long long)tok * n_head + h0 + r) * max_chunks + c) * (D + 4);
+            if (d == 0) { pp[0] = mx * 0.6931471805599453f; pp[1] = lt; }    // the max in natural-log units
+            pp[4 + d] = a;
+        }
+        __syncthreads();                        // sO is read before the next chunk's tiles load
     }
-    if (qs == nullptr) return;
-    __syncthreads();
-    // ... and, for the next mul_mat, their q8_1 blocks (a warp per block of 32)
-    for (int e0 = w * 32; e0 < gq * head_dim; e0 += DECODE_WARPS * 32) {
-        const long long at = ((long long)tok * n_head + h0) * head_dim + e0;   // in [n, n_head * head_dim]
-        warp_store_q8_1(s_out[e0 + lane], lane, qs + at, ds + at / 16, rs == nullptr ? nullptr : rs + at);
-    }
+    decode_finish<R>(out, part, counters, qs, ds, rs, (float*)sKV, tok, n_head, h0, gq, D, max_chunks, n_chunks,
+                     n_split, tid);
 }
 
 __host__ __device__ constexpr int prefill_smem_floats(int d) { return 2 * 32 * (d + 1) + 32 * d + 32 * 33; }

@@ -26,22 +26,6 @@ __host__ __device__ constexpr int fa_row_halves(int d) { return d + 8; }
 // queries, a K tile and a V tile, f16; the final merge reuses the K and V tiles' space
 __host__ __device__ constexpr int attention_mma_smem_bytes(int d) { return (FA_BQ + 2 * FA_BK) * fa_row_halves(d) * 2; }
 
-__device__ __forceinline__ void ldsm_x4(u32 r[4], const u16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldsm_x4_trans(u32 r[4], const u16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void mma_f16(float c[4], const u32 a[4], u32 b0, u32 b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) { return (u32)f2h(lo) | ((u32)f2h(hi) << 16); }
-
 template <int D>
 __global__ void __launch_bounds__(128)
 attention_prefill_mma(const float* __restrict__ q, const u16* __restrict__ cache_k, const u16* __restrict__ cache_v,

@@ -107,6 +107,25 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
+// f16 tensor cores (attention): ldmatrix of four 8x8 b16 tiles (.trans: transposed) from shared memory; c[0..3] +=
+// A (16 x 16 f16, a[0..3]) * B (16 x 8 f16, b0, b1), fp32 accumulation (fragments as attention_mma.cu says);
+// two floats as an f16 pair (lo in the low half)
+__device__ __forceinline__ void ldsm_x4(u32 r[4], const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_trans(u32 r[4], const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void mma_f16(float c[4], const u32 a[4], u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) { return (u32)f2h(lo) | ((u32)f2h(hi) << 16); }
+
 // One q8_1 block written by a warp: lane i holds value i of 32 consecutive values; writes qs[0..31] and the halves'
 // (d, d * sum of the 16 quantized values) to ds[0], ds[1], with d = max|x| / 127 and q = round(x / d) (the format
 // quantize_q8_1 writes and MMVQ / MMQ read).
