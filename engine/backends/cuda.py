@@ -70,6 +70,7 @@ class AttentionCall(NamedTuple):
 
 ATTENTION_TICKETS = 128 * 128     # attention_decode's counters: rows x blocks per row of a launch (a mixed step's 128)
 INVARIANT_ROWS = 128              # rows per attention_decode launch in batch-invariant mode (its part buffer's size)
+DECODE_BLOCKS_PER_SM = 4          # decode attention's blocks: enough for this many per SM, where the keys allow
 
 
 class CUDABackend(Backend):
@@ -349,7 +350,7 @@ class CUDABackend(Backend):
         n, n_head, d = q.shape
         n_kv, blocks = cache.k[layer].shape[2], self._decode_blocks(n_head, ctx)
         max_chunks = decode_chunks(self._max_keys(ctx))
-        n_split = max(1, min(max_chunks, -(-4 * self.n_sm // (n * blocks))))   # 4 blocks per SM
+        n_split = max(1, min(max_chunks, -(-DECODE_BLOCKS_PER_SM * self.n_sm // (n * blocks))))
         out = cp.empty((n, n_head, d), cp.float32)
         part = cp.empty((n, n_head, max_chunks, d + 4), cp.float32)  # per chunk: max, sum, -, -, output[head_dim]
         none = np.uint64(0)

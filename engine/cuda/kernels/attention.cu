@@ -39,6 +39,8 @@
 //   build.DECODE_GROUPS >= G (else the largest), DP the smallest of build.DECODE_HEAD_DIMS >= head_dim; n_split
 //   <= max_chunks; block (32, DECODE_WARPS).
 //
+// attention_decode_mma: attention_decode on f16 tensor cores for an f16 cache of head_dim 64, 128 or 256 (below).
+//
 // attention_prefill: many query tokens of one sequence at consecutive positions (a prefill ubatch) with an f32 cache
 // (attention_mma.cu serves an f16 cache on tensor cores), tiled: a block
 // takes 32 queries of one head and streams their keys in tiles of 32 through shared memory (as f32); scores and
@@ -445,6 +447,8 @@ __host__ __device__ constexpr int decode_mma_smem_bytes(int d) {   // queries, t
 // work on this one); warp w takes keys 16w..16w+15 of each tile: S = Q K^T, the online softmax in fp32 (log2
 // units), O += P V with Q and P rounded to f16; at the chunk's end the warps' states merge through shared memory
 // into the chunk's state in part (its max in natural-log units, as attention_decode's). decode_finish as there.
+// The first chunk's tiles start loading before anything else; a decode step's new key and value (k_new, v_new)
+// go to the cache for later steps and, as f16, straight into the tile row of position p, which is not read back.
 //   Launch rule: grid (n, n_kv * ceil(G / DECODE_MMA_ROWS), n_split), block (32, DECODE_WARPS), dynamic shared
 //   memory decode_mma_smem_bytes(D); D one of build.DECODE_MMA_HEAD_DIMS; n_split <= max_chunks.
 template <int D, bool CAP>
@@ -469,15 +473,6 @@ attention_decode_mma(const float* __restrict__ q, u16* cache_k, u16* cache_v, fl
     if (z >= n_chunks) return;
     const KVRows kv(tables, width, shift, rows, tabs[tok]);
     const long long stride = (long long)n_kv * D, off = (long long)kvh * D;
-    const float qscale = scale * 1.4426950408889634f, cap2 = softcap * 1.4426950408889634f;
-    for (int e = tid; e < R * D / 2; e += DECODE_WARPS * 32) {
-        const int r = e / (D / 2), c = (e % (D / 2)) * 2;
-        float2 v = make_float2(0.f, 0.f);
-        if (r < gq) v = *(const float2*)(q + ((long long)tok * n_head + h0 + r) * D + c);
-        *(u32*)(sQ + r * LDS + c) = pack_f16x2(v.x * qscale, v.y * qscale);
-    }
-    decode_store_new(k_new, v_new, cache_k, cache_v, kv, p, tok, kvh, n_kv, D,
-                     k_new != nullptr && z == (n_chunks - 1) % n_split, tid);
     auto load_tile = [&](int stage, int j0, int j1) {   // keys j0.. (< j1, else zeros) into a stage, one group
         u16* sK = sKV + stage * TILE;
         u16* sV = sK + BK * LDS;
@@ -490,11 +485,35 @@ attention_decode_mma(const float* __restrict__ q, u16* cache_k, u16* cache_v, fl
         }
         cp_async_commit();
     };
+    auto load_chunk = [&](int c) {                      // a chunk's first two tiles
+        const int j0 = lo + c * chunk, j1 = min(p + 1, j0 + chunk);
+        load_tile(0, j0, j1);
+        if (j1 - j0 > BK) load_tile(1, j0 + BK, j1);
+    };
+    load_chunk(z);          // at once: the new key's row (position p) is written into its tile below, not read back
+    const bool stores = k_new != nullptr && z == (n_chunks - 1) % n_split;   // the block of the chunk holding p
+    constexpr int PER = (D + DECODE_WARPS * 32 - 1) / (DECODE_WARPS * 32);
+    u16 kn[PER], vn[PER];                               // the new key and value, f16 as the cache holds them
+    if (stores)
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int e = tid + i * DECODE_WARPS * 32;
+            const long long src = ((long long)tok * n_kv + kvh) * D + e;
+            kn[i] = e < D ? f2h(k_new[src]) : 0;
+            vn[i] = e < D ? f2h(v_new[src]) : 0;
+        }
+    const float qscale = scale * 1.4426950408889634f, cap2 = softcap * 1.4426950408889634f;
+    for (int e = tid; e < R * D / 2; e += DECODE_WARPS * 32) {
+        const int r = e / (D / 2), c = (e % (D / 2)) * 2;
+        float2 v = make_float2(0.f, 0.f);
+        if (r < gq) v = *(const float2*)(q + ((long long)tok * n_head + h0 + r) * D + c);
+        *(u32*)(sQ + r * LDS + c) = pack_f16x2(v.x * qscale, v.y * qscale);
+    }
+    decode_store_new(k_new, v_new, cache_k, cache_v, kv, p, tok, kvh, n_kv, D, stores, tid);   // for later steps
     const int kw = w * 16;                      // this warp's first key in a tile
     for (int c = z; c < n_chunks; c += n_split) {
         const int j0 = lo + c * chunk, j1 = min(p + 1, j0 + chunk), n_tiles = (j1 - j0 + BK - 1) / BK;
-        load_tile(0, j0, j1);
-        if (n_tiles > 1) load_tile(1, j0 + BK, j1);
+        if (c != z) load_chunk(c);
         float o[D / 8][4];                      // O rows g, g + 8: 8-column tiles
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
@@ -505,6 +524,15 @@ attention_decode_mma(const float* __restrict__ q, u16* cache_k, u16* cache_v, fl
             const int jt = j0 + ti * BK;
             const u16* sK = sKV + (ti & 1) * TILE;
             const u16* sV = sK + BK * LDS;
+            if (stores && jt <= p && p < jt + BK) {     // the new key's row: the values decode_store_new wrote
+                u16* row = sKV + (ti & 1) * TILE + (p - jt) * LDS;
+#pragma unroll
+                for (int i = 0; i < PER; ++i) {
+                    const int e = tid + i * DECODE_WARPS * 32;
+                    if (e < D) { row[e] = kn[i]; row[BK * LDS + e] = vn[i]; }
+                }
+                __syncthreads();
+            }
             if (jt + kw < j1) {                 // some of this warp's keys are in the chunk
                 float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};    // keys kw + 0..7, kw + 8..15
 #pragma unroll
