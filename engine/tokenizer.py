@@ -27,6 +27,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
 from .gguf import GGUFFile, quoted
 
+SPACE = "\u2581"                                  # SPM's space
+SPM_WORD_START = regex.compile("(?<=[^\u2581])(?=\u2581)")   # before a "▁" that follows another character
+
 # token types stored in tokenizer.ggml.token_type
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
@@ -134,15 +137,16 @@ class Tokenizer:
         # special tokens split out before tokenizing, longest text first (llama.cpp's order)
         self._specials = sorted((i for i in range(n) if self.types[i] in (CONTROL, USER_DEFINED, UNKNOWN)
                                  and self.tokens[i]), key=lambda i: -len(self.tokens[i]))
-        # where to look for them: special texts by first character, their lengths longest first (a vocabulary may
-        # hold tens of thousands; _partition tries only those the text holds)
+        # where to look for them: special texts by their first two characters (one, for one-character texts), their
+        # lengths longest first (a vocabulary may hold tens of thousands, Gemma's 31 runs of spaces; _partition tries
+        # only those the text holds)
         self._special_rank = {tid: r for r, tid in enumerate(self._specials)}
         self._special_ids: dict[str, list[int]] = {}
         lengths: dict[str, set[int]] = {}
         for tid in self._specials:
             text = self.tokens[tid]
             self._special_ids.setdefault(text, []).append(tid)
-            lengths.setdefault(text[0], set()).add(len(text))
+            lengths.setdefault(text[:2], set()).add(len(text))
         self._special_lengths = {c: sorted(ls, reverse=True) for c, ls in lengths.items()}
         self.eog_ids = self._end_of_generation_ids()
         if self.model == "gpt2":
@@ -165,6 +169,14 @@ class Tokenizer:
             self._word_cache: dict[str, list[int]] = {}
         else:
             self._byte_ids = [self.token_to_id.get(f"<0x{b:02X}>") for b in range(256)]
+            # SPM merges never join across a "▁" that follows another character unless a token holds such a "▁";
+            # the text then splits into words there, each merged alone (and kept): the same ids, computed once per
+            # distinct word. Texts holding one of those tokens' text are merged whole.
+            self._spm_bridges = [s for s in self.tokens if SPACE in s.lstrip(SPACE)]
+            self._word_cache = {}
+        # the characters a special token's text starts with, for finding where one may begin
+        self._special_starts = regex.compile("[" + regex.escape("".join({k[0] for k in self._special_lengths})) + "]") \
+            if self._special_lengths else None
 
     @staticmethod
     def _flag(gguf: GGUFFile, key: str, default: bool) -> bool:
@@ -237,7 +249,7 @@ class Tokenizer:
             elif self.model == "llama":
                 if self.add_space_prefix and prev_special:
                     frag = " " + frag
-                out.extend(self._spm(frag.replace(" ", "\u2581")))
+                out.extend(self._spm_words(frag.replace(" ", SPACE)))
                 prev_special = False
             else:
                 out.extend(self._bpe(frag))
@@ -276,12 +288,30 @@ class Tokenizer:
         """The special tokens whose text occurs in text, in _specials' order (longest first)."""
         found: set[int] = set()
         index, ids = self._special_lengths, self._special_ids
-        for i, c in enumerate(text):
-            for n in index.get(c, ()):
-                hit = ids.get(text[i:i + n])
-                if hit is not None:
-                    found.update(hit)
+        if self._special_starts is None:
+            return []
+        for m in self._special_starts.finditer(text):
+            i = m.start()
+            for key in (text[i:i + 2], text[i]):
+                for n in index.get(key, ()):
+                    hit = ids.get(text[i:i + n])
+                    if hit is not None:
+                        found.update(hit)
         return sorted(found, key=self._special_rank.__getitem__)
+
+    def _spm_words(self, text: str) -> list[int]:
+        """_spm over text, word by word where no merge can cross a word's start (see __init__), a word's ids kept."""
+        if any(b in text for b in self._spm_bridges):
+            return self._spm(text)
+        out: list[int] = []
+        for word in SPM_WORD_START.split(text):
+            ids = self._word_cache.get(word)
+            if ids is None:
+                ids = self._spm(word)
+                if len(self._word_cache) < 100_000:
+                    self._word_cache[word] = ids
+            out.extend(ids)
+        return out
 
     def _spm(self, text: str) -> list[int]:
         """llama.cpp's SPM: merge the best-scoring adjacent pair that is a token, until none is left."""

@@ -216,6 +216,22 @@ def test_special_tokens_split_as_the_definition_does():
             assert tok._partition(text, parse_special) == tok._split_out(text, tok._specials, parse_special), text
 
 
+def test_spm_word_by_word_equals_merging_the_whole_text():
+    """SPM merges word by word (split before each "▁" that follows another character, each word's ids kept) give
+    the ids of merging the whole text at once, with Gemma 3's one token that spans such a "▁" ('>▁</') among the
+    pieces: a text holding it is merged whole."""
+    import random
+    tok = Tokenizer(GGUFFile(hub.fetch("gemma3-270m")))
+    assert tok._spm_bridges == [">\u2581</"]
+    rng = random.Random()
+    pieces = ["the", " the", " quick", "  ", "   ", "\n", "\t", ">", "</", " </", "> </", "div>", "é", "中文", "🙂", "x",
+              "ab", "1234", " (", ")", ".", "\u2581", "\u2581\u2581y"]
+    for _ in range(400):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 40))).replace(" ", "\u2581")
+        assert tok._spm_words(text) == tok._spm(text), text
+        assert tok._spm_words(text) == tok._spm(text), text           # the second time from the kept words
+
+
 def test_many_user_defined_tokens_do_not_slow_encoding(tmp_path):
     """A vocabulary padded with 79k user-defined tokens (the synthetic 8B's): 14 ms per short prompt when every
     special token was searched for, under 1 ms now; the tokens still split out."""
