@@ -202,7 +202,8 @@ def test_whole_context_blocks_keep_prefix_caching(model, monkeypatch):
     monkeypatch.setattr(CPUBackend, "paged_kv", False)
     rng = np.random.default_rng()
     system = rng.integers(0, N_VOCAB, 40).tolist()
-    prompts = [system + rng.integers(0, N_VOCAB, 5).tolist() for _ in range(3)]
+    firsts = rng.choice(N_VOCAB, 3, replace=False)         # they part at token 40 (a random one matched 1 in 320)
+    prompts = [system + [int(f)] + rng.integers(0, N_VOCAB, 4).tolist() for f in firsts]
     rt = Runtime.load(model, device="cpu", n_ctx=128, n_seq=2)
     sched = Scheduler(rt, 64)
     events = [run_requests(sched, [Request(p, SamplingParams(temperature=0), 4, ignore_eos=True)])[0] for p in prompts]
