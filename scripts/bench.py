@@ -5,7 +5,7 @@
     python scripts/bench.py attention [--n 512] [--reps 20] [--decode 4096,16384 --rows 1,32]
     python scripts/bench.py norm      [--d 576,640,2560,4096,8192] [--rows 1,32,512]
     python scripts/bench.py decode    MODEL [--npl 1,8,16,32] [--npp 128] [--ntg 128] [--scheduler | --churn]
-    python scripts/bench.py http      MODEL [--clients 1,8,32,64] [--step-ms 10] [--slots 64]
+    python scripts/bench.py http      MODEL [--clients 1,8,32,64] [--step-ms 10] [--slots 64] [--shared-prefix N]
 
 (`engine bench MODEL` measures one sequence's prefill and decode, llama-bench's pp / tg; scripts/load_test.py a
 running server.) Each subcommand's own description follows.
@@ -571,6 +571,8 @@ def http_main(argv) -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--port", type=int, default=8391)
     ap.add_argument("--procs", type=int, default=None, help="load-generator processes (load_test.py's default)")
+    ap.add_argument("--shared-prefix", type=int, default=0, metavar="N",
+                    help="prompts start with load_test.py's N-token system text (long prompts through the front end)")
     args = ap.parse_args(argv)
     server = multiprocessing.get_context("spawn").Process(target=serve, args=(args.model, args.port, args.slots,
                                                                                 args.step_ms))
@@ -591,7 +593,8 @@ def http_main(argv) -> None:
     for c in (int(x) for x in args.clients.split(",")):
         cmd = [sys.executable, os.path.join(here, "load_test.py"), "--url", url, "--clients", str(c), "--seconds",
                str(args.seconds), "--max-tokens", str(args.max_tokens)] + \
-            (["--procs", str(args.procs)] if args.procs else [])
+            (["--procs", str(args.procs)] if args.procs else []) + \
+            (["--shared-prefix", str(args.shared_prefix)] if args.shared_prefix else [])
         out = subprocess.run(cmd, capture_output=True, text=True).stdout.strip()
         ceiling = min(c, args.slots) / args.step_ms * 1000
         print(f"{out} | core ceiling {ceiling:.0f} tokens/s", flush=True)
