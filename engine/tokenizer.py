@@ -29,6 +29,7 @@ from .gguf import GGUFFile, quoted
 
 SPACE = "\u2581"                                  # SPM's space
 SPM_WORD_START = regex.compile("(?<=[^\u2581])(?=\u2581)")   # before a "▁" that follows another character
+WORD_CACHE_WORDS = 100_000                        # words whose ids a tokenizer keeps
 
 # token types stored in tokenizer.ggml.token_type
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -305,12 +306,7 @@ class Tokenizer:
             return self._spm(text)
         out: list[int] = []
         for word in SPM_WORD_START.split(text):
-            ids = self._word_cache.get(word)
-            if ids is None:
-                ids = self._spm(word)
-                if len(self._word_cache) < 100_000:
-                    self._word_cache[word] = ids
-            out.extend(ids)
+            out.extend(self._word_ids(word, self._spm))
         return out
 
     def _spm(self, text: str) -> list[int]:
@@ -361,13 +357,20 @@ class Tokenizer:
     def _bpe(self, text: str) -> list[int]:
         out: list[int] = []
         for word in _regex_split(text, self._patterns):
-            ids = self._word_cache.get(word)
-            if ids is None:
-                ids = self._bpe_word("".join(self._b2u[b] for b in word.encode("utf-8")))
-                if len(self._word_cache) < 100_000:
-                    self._word_cache[word] = ids
-            out.extend(ids)
+            out.extend(self._word_ids(word, self._bpe_text_word))
         return out
+
+    def _bpe_text_word(self, word: str) -> list[int]:
+        return self._bpe_word("".join(self._b2u[b] for b in word.encode("utf-8")))
+
+    def _word_ids(self, word: str, merge) -> list[int]:
+        """A pre-split word's ids: merge(word), kept for the next time (up to WORD_CACHE_WORDS words)."""
+        ids = self._word_cache.get(word)
+        if ids is None:
+            ids = merge(word)
+            if len(self._word_cache) < WORD_CACHE_WORDS:
+                self._word_cache[word] = ids
+        return ids
 
     def _bpe_word(self, word: str) -> list[int]:
         """Merge the lowest-ranked adjacent pair (leftmost first) until none has a rank: a heap over the pairs and a
