@@ -203,7 +203,8 @@ def test_llama_server_completion_endpoint(server):
     words = ref.split()
     r = httpx.post(server + "/completion", json={**body, "n_predict": 8, "stop": [words[1]]}).json()
     assert r["stop_type"] == "word" and r["stopping_word"] == words[1] and words[1] not in r["content"]
-    r = httpx.post(server + "/completion", json={"prompt": "Hi", "n_predict": -1, "seed": 1}).json()
+    r = httpx.post(server + "/completion", json={"prompt": "Hi", "n_predict": -1, "seed": 1},   # up to 1,024 tokens
+                   timeout=300).json()
     assert r["stop_type"] in ("eos", "limit") and r["tokens_predicted"] >= 1
     first = probs[0]["id"]
     assert r_tokens[0] == first
