@@ -323,7 +323,8 @@ def test_structured_output(server, client):
     r = httpx.post(server + "/v1/completions", json={"prompt": "The capital of France is", "max_tokens": 10,
                                                      "temperature": 0, "grammar": 'root ::= " Paris" | " Rome"'})
     assert r.json()["choices"][0]["text"] in (" Paris", " Rome")
-    r = httpx.post(server + "/v1/completions", json={"prompt": "Age:", "max_tokens": 60, "json_schema": PERSON})
+    r = httpx.post(server + "/v1/completions", json={"prompt": "Age:", "max_tokens": 60, "json_schema": PERSON},
+                   timeout=120)
     jsonschema.validate(json.loads(r.json()["choices"][0]["text"]), PERSON)
     for field, value in [("response_format", {"type": "xml"}), ("response_format", {"type": "json_schema"}),
                          ("grammar", "root ::= ["), ("json_schema", {"$ref": "#/nowhere"}), ("grammar", 5)]:
