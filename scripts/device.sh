@@ -27,7 +27,8 @@
 #   bash scripts/device.sh structured smol|synth [SECS]  the load test at 8 and 32 clients, plain and with
 #                                         structured output (load_test.py --json-schema): the grammar masks' cost
 #   bash scripts/device.sh prefix synth|smol [SECS]  32 clients whose prompts share a 2,000-token system text
-#                                         (load_test.py --shared-prefix 2000), prefix caching on, then off: TTFT
+#                                         (load_test.py --shared-prefix 2000), prefix caching on, then off: TTFT;
+#                                         with it on, also one client at a time (the prefix cached, no burst)
 #   bash scripts/device.sh serve synth|smol [SECS]  serve_compare.sh on one model (1, 8, 32, 64 clients)
 #   bash scripts/device.sh bench [SECS]   synthetic 8B: engine core batched decode (raw and --scheduler) beside
 #                                         llama-batched-bench; then serve_compare.sh on the 8B and SmolLM2
@@ -209,8 +210,10 @@ prefix)         # smol|synth|MODEL [SECS]: the shared-system-prompt load test, p
   [ "$m" = smol ] && m=$SMOL; [ "$m" = synth ] && { synth 8b; m=$SYNTH; }
   for cache in on off; do
     start_engine "$m" --parallel 32 --ctx 2304 $([ $cache = on ] || echo --no-prefix-cache)
-    echo "$(basename $m) prefix cache $cache $(python3 scripts/load_test.py --url http://127.0.0.1:8090 --clients 32 \
-      --seconds $secs --max-tokens 32 --shared-prefix 2000 2>&1 | tail -1)" | tee -a "$OUT/prefix.log"
+    for c in 32 $([ $cache = on ] && echo 1); do
+      echo "$(basename $m) prefix cache $cache $(python3 scripts/load_test.py --url http://127.0.0.1:8090 --clients $c \
+        --seconds $secs --max-tokens 32 --shared-prefix 2000 2>&1 | tail -1)" | tee -a "$OUT/prefix.log"
+    done
     kill $ep; wait $ep 2>/dev/null
   done ;;
 depth)          # [DEPTHS]: tg128 of one sequence after N tokens (bench.py decode --npp N): the 8B at DEPTHS,
