@@ -28,7 +28,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 from .gguf import GGUFFile, quoted
 
 SPACE = "\u2581"                                  # SPM's space
-SPM_WORD_START = regex.compile("(?<=[^\u2581])(?=\u2581)")   # before a "▁" that follows another character
+SPM_WORD_START = regex.compile(f"(?<=[^{SPACE}])(?={SPACE})")     # before a "▁" that follows another character
 WORD_CACHE_WORDS = 100_000                        # words whose ids a tokenizer keeps
 
 # token types stored in tokenizer.ggml.token_type
