@@ -2,6 +2,7 @@
 architecture, each with every kernel's symbol; the launch rules read the kernels' own constants. No GPU needed."""
 import json
 
+import numpy as np
 import pytest
 
 from engine.cuda import aot, build
@@ -86,6 +87,26 @@ def test_decode_attention_takes_tensor_cores_on_an_f16_cache():
     names = set(build.name_expressions("attention"))
     assert {decode_kernel(kv, d, g, cap).name for kv in ("u16", "float") for d in (64, 80, 128, 256)
             for g in (1, 3, 4, 8, 24) for cap in (0.0, 50.0)} <= names
+
+
+def test_prefill_tiles_keep_each_sequence_apart():
+    """One prefill attention launch serves many sequences' chunks: each run of rows is cut into tiles of at most the
+    kernel's query rows (16 on tensor cores, 32 SIMT), none crossing into the next run, together every row once."""
+    from engine.cuda.launch import prefill_rows, prefill_tiles
+    assert (prefill_rows(True), prefill_rows(False)) == (16, 32)
+    runs = [(2, 22), (22, 23), (23, 60), (60, 76)]
+    tiles = prefill_tiles(runs, 16)
+    assert tiles.dtype == np.int32 and tiles.tolist() == [[2, 16], [18, 4], [22, 1], [23, 16], [39, 16], [55, 5],
+                                                          [60, 16]]
+    rng = np.random.default_rng()
+    cuts = np.unique(rng.integers(1, 300, 12))
+    runs = list(zip(cuts[:-1].tolist(), cuts[1:].tolist()))
+    for rows in (16, 32):
+        tiles = prefill_tiles(runs, rows)
+        assert (tiles[:, 1] >= 1).all() and (tiles[:, 1] <= rows).all()
+        covered = np.concatenate([np.arange(t, t + c) for t, c in tiles])
+        assert covered.tolist() == list(range(cuts[0], cuts[-1]))
+        assert all(any(a <= t and t + c <= b for a, b in runs) for t, c in tiles)
 
 
 def test_source_key_follows_the_source(monkeypatch):

@@ -104,8 +104,11 @@ def test_rope(backends, neox):
 # decode kernel; (prefill) 100 tokens of one sequence from position 20: the tiled prefill kernel; (two) 60 tokens of
 # each of two sequences: one warp per query; (decode) two decode steps deep in the context: several chunks of keys
 # per head; (decode_many) 40 sequences' decode rows; (per_row) a replayed mixed step's layout, 40 rows each its own
-# query
+# query; (chunks) an eager server step: two decode rows, then prefill chunks of 20, 1 and 37 tokens of three
+# sequences, the chunks in one tiled launch (partial tiles, a one-row tile)
 ATTENTION_BATCHES = {"mixed": ([1] * 6 + [0], list(range(3, 9)) + [10]),
+                     "chunks": ([3, 4] + [0] * 20 + [1] + [2] * 37, [40, 77] + list(range(30, 50)) + [90] +
+                                list(range(37))),
                      "decode": ([0, 1], [100, 90]),
                      "decode_many": (list(range(40)), [(37 * i) % 120 + 1 for i in range(40)]),
                      "per_row": ([0, 1] + [2] * 20 + [3] * 18, [50, 7] + list(range(30, 50)) + list(range(100, 118))),

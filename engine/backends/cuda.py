@@ -277,10 +277,8 @@ class CUDABackend(Backend):
                                                    ctx).reshape(n_decode, n_head, d)
             else:
                 self._attention_plain(q[rows], tabs[rows], positions[rows], out[rows], ctx)
-        for _, a, b in batch.seq_ranges:                             # ... then each prefill chunk
-            if b - a > 1 or a >= n_decode:
-                rows = slice(a, b)
-                out[rows] = self._attention_run(q[rows], tabs[rows], positions[rows], ctx)
+        runs = [(a, b) for _, a, b in batch.seq_ranges if a >= n_decode]    # ... then the prefill chunks, together
+        self._attention_chunks(q, tabs, positions, out, ctx, runs)
         return out.reshape(n, n_head * d)
 
     def _paging(self, batch: Batch, cache) -> tuple:
@@ -385,19 +383,35 @@ class CUDABackend(Backend):
 
     def _attention_run(self, q, tabs, positions, ctx):
         """Query tokens of one sequence at consecutive positions (a prefill chunk) -> [n, n_head, head_dim]."""
-        cache, layer, scale, window, softcap, paging = ctx
         n, n_head, d = q.shape
         out = cp.empty((n, n_head, d), cp.float32)
         if d not in PREFILL_HEAD_DIMS or n == 1:
             self._attention_plain(q, tabs, positions, out, ctx)
-            return out
-        pargs = (q, cache.k[layer], cache.v[layer], out, tabs, positions, *paging, np.int32(n), np.int32(n_head),
-                 np.int32(cache.k[layer].shape[2]), np.float32(scale), np.int32(window or 0), np.float32(softcap))
-        if self._kv_type(cache, layer) == "u16":                     # f16 tensor cores
-            launch.attention_prefill_mma(d, ((n + 15) // 16, n_head), pargs)
         else:
-            launch.attention_prefill_simt(d, ((n + 31) // 32, n_head), pargs)
+            self._attention_tiled(q, tabs, positions, out, ctx, None)
         return out
+
+    def _attention_chunks(self, q, tabs, positions, out, ctx, runs) -> None:
+        """The prefill chunks of several sequences in one launch, into out: runs (a, b) are rows a..b-1 of q, one
+        sequence's queries at consecutive positions each, and together rows runs[0][0]..n."""
+        first = runs[0][0]
+        if q.shape[2] not in PREFILL_HEAD_DIMS:
+            self._attention_plain(q[first:], tabs[first:], positions[first:], out[first:], ctx)
+        else:
+            rows = launch.prefill_rows(self._kv_type(ctx.cache, ctx.layer) == "u16")
+            self._attention_tiled(q, tabs, positions, out, ctx, launch.prefill_tiles(runs, rows))
+
+    def _attention_tiled(self, q, tabs, positions, out, ctx, tiles) -> None:
+        """The tiled prefill kernel over q's rows into out: on f16 tensor cores for an f16 cache, else SIMT; one block
+        per tile of `tiles` (launch.prefill_tiles) and head, or with tiles None all n rows one sequence's."""
+        cache, layer, scale, window, softcap, paging = ctx
+        n, n_head, d = q.shape
+        mma = self._kv_type(cache, layer) == "u16"
+        blocks = -(-n // launch.prefill_rows(mma)) if tiles is None else len(tiles)
+        pargs = (q, cache.k[layer], cache.v[layer], out, tabs, positions, *paging,
+                 np.uint64(0) if tiles is None else self._dev(tiles), np.int32(n), np.int32(n_head),
+                 np.int32(cache.k[layer].shape[2]), np.float32(scale), np.int32(window or 0), np.float32(softcap))
+        (launch.attention_prefill_mma if mma else launch.attention_prefill_simt)(d, (blocks, n_head), pargs)
 
     def swiglu(self, gate, up):
         return _swiglu(gate, up)

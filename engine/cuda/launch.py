@@ -130,6 +130,20 @@ def with_smem(fn, smem: int):
     return fn
 
 
+def prefill_rows(mma: bool) -> int:
+    """Query rows a prefill attention block takes: attention_prefill_mma's FA_BQ (f16 cache), attention_prefill's
+    PREFILL_BQ (f32 cache)."""
+    return constants("attention_mma")["FA_BQ"] if mma else constants("attention")["PREFILL_BQ"]
+
+
+def prefill_tiles(runs, rows: int) -> np.ndarray:
+    """The blocks of one prefill attention launch over several sequences' chunks -> [n_tiles, 2] int32, each block's
+    first query row and its row count: every run (a, b) (rows a..b-1, one sequence's queries at consecutive
+    positions) cut into tiles of at most `rows`, so that no block mixes two sequences."""
+    tiles = [(t, min(rows, b - t)) for a, b in runs for t in range(a, b, rows)]
+    return np.array(tiles, np.int32).reshape(-1, 2)
+
+
 def attention_prefill_mma(d: int, grid: tuple, args: tuple) -> None:
     """kernels/attention_mma.cu attention_prefill_mma<d>: block 128, attention_mma_smem_bytes(d) of shared memory."""
     smem = (16 + 2 * 64) * (d + 8) * 2                     # queries + K tile + V tile, f16 rows padded by 8

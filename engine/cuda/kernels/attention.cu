@@ -45,15 +45,17 @@
 // (attention_mma.cu serves an f16 cache on tensor cores), tiled: a block
 // takes 32 queries of one head and streams their keys in tiles of 32 through shared memory (as f32); scores and
 // output in fp32 with an online softmax per query. Thread (r = tid / 4, c = tid % 4) owns query r: the scores of
-// keys c, c+4, ... of each tile and the output dims c, c+4, .... The table row and the first position are
-// tabs[0] and positions[0]. Rows are padded by one float (no shared-memory bank conflicts).
-//   q : [n, n_head, D] f32; out : [n, n_head, D] f32
-//   Launch rule: grid (ceil(n / 32), n_head), block 128, dynamic shared memory prefill_smem_floats(D) * 4 bytes;
-//   D (head_dim) one of 64, 128, 256.
+// keys c, c+4, ... of each tile and the output dims c, c+4, .... A block's table row and first position are its
+// first query's. Rows are padded by one float (no shared-memory bank conflicts).
+//   q : [n, n_head, D] f32; out : [n, n_head, D] f32; tiles : [gridDim.x, 2] int32 or null, as attention_mma.cu's
+//   attention_prefill_mma takes them (32 rows a tile)
+//   Launch rule: grid (tiles' count, or ceil(n / 32), n_head), block 128, dynamic shared memory
+//   prefill_smem_floats(D) * 4 bytes; D (head_dim) one of 64, 128, 256.
 #include "common.cuh"
 
 #define NEG_INF __int_as_float(0xff800000)
 #define DECODE_WARPS 4           // attention_decode's warps per block
+#define PREFILL_BQ 32            // attention_prefill's queries per block
 #define DECODE_KEYS 8            // keys a lane of attention_decode loads together
 #define DECODE_CHUNK_KEYS 128    // attention_decode's chunk: this many keys, or len / DECODE_MAX_CHUNKS where larger
 #define DECODE_MAX_CHUNKS 64
@@ -633,9 +635,9 @@ template <typename KV, int D>
 __global__ void __launch_bounds__(128)
 attention_prefill(const float* __restrict__ q, const KV* __restrict__ cache_k, const KV* __restrict__ cache_v,
                   float* __restrict__ out, const int* __restrict__ tabs, const int* __restrict__ positions,
-                  const int* __restrict__ tables, int width, int shift, int rows, int n,
-                  int n_head, int n_kv, float scale, int window, float softcap) {
-    constexpr int BQ = 32, BK = 32, DP = D + 1, PP = BK + 1, PER = D / 4;
+                  const int* __restrict__ tables, int width, int shift, int rows, const int* __restrict__ tiles,
+                  int n, int n_head, int n_kv, float scale, int window, float softcap) {
+    constexpr int BQ = PREFILL_BQ, BK = 32, DP = D + 1, PP = BK + 1, PER = D / 4;
     extern __shared__ float smem[];
     float* sq = smem;                  // [BQ][DP] queries, scaled
     float* sk = sq + BQ * DP;          // [BK][DP] keys of the tile
@@ -643,16 +645,17 @@ attention_prefill(const float* __restrict__ q, const KV* __restrict__ cache_k, c
     float* sp = sv + BK * D;           // [BQ][PP] probabilities of the tile
     const int tid = threadIdx.x, r = tid >> 2, c = tid & 3;
     const int h = blockIdx.y, kvh = h / (n_head / n_kv);
-    const int t0 = blockIdx.x * BQ, nq = min(BQ, n - t0);
-    const int p0 = positions[0];
+    const int t0 = tiles ? tiles[2 * blockIdx.x] : blockIdx.x * BQ;
+    const int nq = tiles ? tiles[2 * blockIdx.x + 1] : min(BQ, n - t0);
+    const int p0 = positions[t0];                          // the block's first query's position
     for (int e = tid; e < BQ * D; e += 128) {
         const int rr = e / D, d = e % D;
         sq[rr * DP + d] = rr < nq ? q[((long long)(t0 + rr) * n_head + h) * D + d] * scale : 0.f;
     }
-    const int qp = p0 + t0 + r, qp_last = p0 + t0 + nq - 1;
-    const int lo = window > 0 ? max(0, p0 + t0 - window + 1) : 0;
+    const int qp = p0 + r, qp_last = p0 + nq - 1;
+    const int lo = window > 0 ? max(0, p0 - window + 1) : 0;
     const long long stride = (long long)n_kv * D, off = (long long)kvh * D;
-    const KVRows kv(tables, width, shift, rows, tabs[0]);
+    const KVRows kv(tables, width, shift, rows, tabs[t0]);
     float o[PER];
 #pragma unroll
     for (int i = 0; i < PER; ++i) o[i] = 0.f;

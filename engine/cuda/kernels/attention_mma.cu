@@ -11,10 +11,12 @@
 // fragments from row-major shared-memory tiles whose rows are padded by 8 halves (16 bytes): the 8 rows one
 // ldmatrix reads fall on distinct banks.
 //   q : [n, n_head, D] f32; out : [n, n_head, D] f32; cache_k, cache_v : [n_blocks, rows, n_kv, D] f16, paged as
-//   attention.cu says (tabs, positions : [n] int32; the table row and the first position are tabs[0], positions[0];
-//   tables, width, shift, rows)
-//   Launch rule (backends/cuda.py attention): grid (ceil(n / 16), n_head), block 128, dynamic shared memory
-//   attention_mma_smem_bytes(D); D one of 64, 128, 256.
+//   attention.cu says (tabs, positions : [n] int32, each row's table row and position; tables, width, shift, rows)
+//   tiles : [gridDim.x, 2] int32, each block's first query row and its count (at most FA_BQ rows of one sequence at
+//   consecutive positions: launch.prefill_tiles), so that one launch serves the prefill chunks of many sequences;
+//   or null: the n rows are one sequence's, FA_BQ a block.
+//   Launch rule (backends/cuda.py attention): grid (tiles' count, or ceil(n / 16), n_head), block 128, dynamic
+//   shared memory attention_mma_smem_bytes(D); D one of 64, 128, 256.
 #include "common.cuh"
 
 #define FA_BQ 16
@@ -30,7 +32,7 @@ template <int D>
 __global__ void __launch_bounds__(128)
 attention_prefill_mma(const float* __restrict__ q, const u16* __restrict__ cache_k, const u16* __restrict__ cache_v,
                       float* __restrict__ out, const int* __restrict__ tabs, const int* __restrict__ positions,
-                      const int* __restrict__ tables, int width, int shift, int rows,
+                      const int* __restrict__ tables, int width, int shift, int rows, const int* __restrict__ tiles,
                       int n, int n_head, int n_kv, float scale, int window, float softcap) {
     constexpr int LDS = fa_row_halves(D);
     extern __shared__ __align__(16) u16 fa_smem[];
@@ -39,8 +41,9 @@ attention_prefill_mma(const float* __restrict__ q, const u16* __restrict__ cache
     u16* sV = sK + FA_BK * LDS;        // [FA_BK][LDS] values of the tile
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int h = blockIdx.y, kvh = h / (n_head / n_kv);
-    const int t0 = blockIdx.x * FA_BQ, nq = min(FA_BQ, n - t0);
-    const int p0 = positions[0] + t0, p_last = p0 + nq - 1;   // positions of the block's first and last query
+    const int t0 = tiles ? tiles[2 * blockIdx.x] : blockIdx.x * FA_BQ;
+    const int nq = tiles ? tiles[2 * blockIdx.x + 1] : min(FA_BQ, n - t0);
+    const int p0 = positions[t0], p_last = p0 + nq - 1;     // positions of the block's first and last query
     const float qscale = scale * 1.4426950408889634f;
     const float cap2 = softcap * 1.4426950408889634f;       // the cap in the scores' log2 units
     for (int e = tid; e < FA_BQ * D / 2; e += 128) {
@@ -51,7 +54,7 @@ attention_prefill_mma(const float* __restrict__ q, const u16* __restrict__ cache
     }
     const int lo = window > 0 ? max(0, p0 - window + 1) : 0;
     const long long stride = (long long)n_kv * D, off = (long long)kvh * D;
-    const KVRows kv(tables, width, shift, rows, tabs[0]);
+    const KVRows kv(tables, width, shift, rows, tabs[t0]);
     const int qp[2] = {p0 + g, p0 + g + 8};     // positions of this lane's two query rows
     const int kw = warp * 16;                   // this warp's first key in a tile
 
