@@ -300,11 +300,12 @@ class CUDABackend(Backend):
         keys = int(rows) if int(shift) == 31 else int(width) * int(rows)
         return min(keys, window) if window else keys
 
-    def _decode_blocks(self, n_head: int, ctx) -> int:
-        """Decode attention's blocks per query row (grid y): each KV head's group of query heads, `rows` at a time."""
+    def _decode_blocks(self, n_head: int, ctx, dk: DecodeKernel | None = None) -> int:
+        """Decode attention's blocks per query row (grid y): each KV head's group of query heads, `rows` at a time
+        (dk: the kernel, when the caller has it)."""
         n_kv = ctx.cache.k[ctx.layer].shape[2]
         group = n_head // n_kv
-        return n_kv * -(-group // self._decode_kernel(n_head, ctx).rows)
+        return n_kv * -(-group // (dk or self._decode_kernel(n_head, ctx)).rows)
 
     def _decode_kernel(self, n_head: int, ctx) -> DecodeKernel:
         n_kv, d = ctx.cache.k[ctx.layer].shape[2:]
@@ -346,14 +347,14 @@ class CUDABackend(Backend):
         mode)."""
         cache, layer, scale, window, softcap, paging = ctx
         n, n_head, d = q.shape
-        n_kv, blocks = cache.k[layer].shape[2], self._decode_blocks(n_head, ctx)
+        dk = self._decode_kernel(n_head, ctx)
+        n_kv, blocks = cache.k[layer].shape[2], self._decode_blocks(n_head, ctx, dk)
         max_chunks = decode_chunks(self._max_keys(ctx))
         n_split = max(1, min(max_chunks, -(-DECODE_BLOCKS_PER_SM * self.n_sm // (n * blocks))))
         out = cp.empty((n, n_head, d), cp.float32)
         part = cp.empty((n, n_head, max_chunks, d + 4), cp.float32)  # per chunk: max, sum, -, -, output[head_dim]
         none = np.uint64(0)
         qs, ds, *rs = (none, none) if self.invariant else self._q8_1_planes(n, n_head * d)   # out as q8_1 (+ plane)
-        dk = self._decode_kernel(n_head, ctx)
         launch.with_smem(kernel("attention", dk.name), dk.smem)(
             (n, blocks, n_split), (32, build.constants("attention")["DECODE_WARPS"]),
             (q, cache.k[layer], cache.v[layer], out, tabs, positions, *paging, np.int32(n_head), np.int32(n_kv),

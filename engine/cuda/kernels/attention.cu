@@ -53,7 +53,6 @@
 //   prefill_smem_floats(D) * 4 bytes; D (head_dim) one of 64, 128, 256.
 #include "common.cuh"
 
-#define NEG_INF __int_as_float(0xff800000)
 #define DECODE_WARPS 4           // attention_decode's warps per block
 #define PREFILL_BQ 32            // attention_prefill's queries per block
 #define DECODE_KEYS 8            // keys a lane of attention_decode loads together
@@ -199,8 +198,8 @@ template <> struct Raw8<float> {
     }
 };
 
-// attention_decode's (and attention_decode_mma's) store of a decode step's new key and value at position p, by the
-// block that takes the chunk holding p (on), before any of the block's threads reads it.
+// attention_decode's store of a decode step's new key and value at position p, by the block that takes the chunk
+// holding p (on), before any of the block's threads reads it.
 template <typename KV>
 __device__ __forceinline__ void decode_store_new(const float* __restrict__ k_new, const float* __restrict__ v_new,
                                                  KV* cache_k, KV* cache_v, const KVRows& kv, int p, int tok, int kvh,
@@ -511,7 +510,14 @@ attention_decode_mma(const float* __restrict__ q, u16* cache_k, u16* cache_v, fl
         if (r < gq) v = *(const float2*)(q + ((long long)tok * n_head + h0 + r) * D + c);
         *(u32*)(sQ + r * LDS + c) = pack_f16x2(v.x * qscale, v.y * qscale);
     }
-    decode_store_new(k_new, v_new, cache_k, cache_v, kv, p, tok, kvh, n_kv, D, stores, tid);   // for later steps
+    if (stores) {                               // for later steps, from the registers the tile row is patched from
+        const long long dst = kv(p) * stride + off;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int e = tid + i * DECODE_WARPS * 32;
+            if (e < D) { cache_k[dst + e] = kn[i]; cache_v[dst + e] = vn[i]; }
+        }
+    }
     const int kw = w * 16;                      // this warp's first key in a tile
     for (int c = z; c < n_chunks; c += n_split) {
         const int j0 = lo + c * chunk, j1 = min(p + 1, j0 + chunk), n_tiles = (j1 - j0 + BK - 1) / BK;
@@ -536,53 +542,8 @@ attention_decode_mma(const float* __restrict__ q, u16* cache_k, u16* cache_v, fl
                 __syncthreads();
             }
             if (jt + kw < j1) {                 // some of this warp's keys are in the chunk
-                float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};    // keys kw + 0..7, kw + 8..15
-#pragma unroll
-                for (int kk = 0; kk < D; kk += 16) {
-                    u32 a[4], b[4];
-                    ldsm_x4(a, sQ + ((lane & 7) + ((lane >> 3) & 1) * 8) * LDS + kk + (lane >> 4) * 8);
-                    ldsm_x4(b, sK + (kw + (lane & 7) + (lane >> 4) * 8) * LDS + kk + ((lane >> 3) & 1) * 8);
-                    mma_f16(s[0], a, b[0], b[1]);
-                    mma_f16(s[1], a, b[2], b[3]);
-                }
-                float mx[2] = {m[0], m[1]};
-#pragma unroll
-                for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const bool ok = jt + kw + nt * 8 + 2 * t + (e & 1) < j1;
-                        s[nt][e] = ok ? (CAP ? cap2 * tanhf(s[nt][e] / cap2) : s[nt][e]) : NEG_INF;
-                        mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
-                    }
-                float corr[2];
-#pragma unroll
-                for (int row = 0; row < 2; ++row) {
-                    mx[row] = fmaxf(mx[row], __shfl_xor_sync(0xffffffffu, mx[row], 1));
-                    mx[row] = fmaxf(mx[row], __shfl_xor_sync(0xffffffffu, mx[row], 2));
-                    corr[row] = m[row] == NEG_INF ? 0.f : exp2f(m[row] - mx[row]);   // mx is finite: key kw is in
-                    m[row] = mx[row];
-                }
-                float pr[2][4];
-#pragma unroll
-                for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) pr[nt][e] = s[nt][e] == NEG_INF ? 0.f : exp2f(s[nt][e] - m[e >> 1]);
-                l[0] = l[0] * corr[0] + pr[0][0] + pr[0][1] + pr[1][0] + pr[1][1];
-                l[1] = l[1] * corr[1] + pr[0][2] + pr[0][3] + pr[1][2] + pr[1][3];
-                const u32 pa[4] = {pack_f16x2(pr[0][0], pr[0][1]), pack_f16x2(pr[0][2], pr[0][3]),
-                                   pack_f16x2(pr[1][0], pr[1][1]), pack_f16x2(pr[1][2], pr[1][3])};
-#pragma unroll
-                for (int i = 0; i < D / 8; ++i) {
-                    o[i][0] *= corr[0]; o[i][1] *= corr[0];
-                    o[i][2] *= corr[1]; o[i][3] *= corr[1];
-                }
-#pragma unroll
-                for (int nd = 0; nd < D / 16; ++nd) {
-                    u32 b[4];
-                    ldsm_x4_trans(b, sV + (kw + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + nd * 16 + (lane >> 4) * 8);
-                    mma_f16(o[2 * nd], pa, b[0], b[1]);
-                    mma_f16(o[2 * nd + 1], pa, b[2], b[3]);
-                }
+                fa_tile_step<D>(sQ, sK, sV, kw, lane, CAP, cap2,
+                                [&](int key, int) { return jt + key < j1; }, o, m, l);
             }
             __syncthreads();                    // the stage is consumed: the tile after next may load into it
             if (ti + 2 < n_tiles) load_tile(ti & 1, jt + 2 * BK, j1);

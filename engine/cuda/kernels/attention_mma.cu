@@ -22,7 +22,6 @@
 #define FA_BQ 16
 #define FA_BK 64
 #define FA_WARPS 4
-#define FA_NEG_INF __int_as_float(0xff800000)
 
 __host__ __device__ constexpr int fa_row_halves(int d) { return d + 8; }
 // queries, a K tile and a V tile, f16; the final merge reuses the K and V tiles' space
@@ -61,7 +60,7 @@ attention_prefill_mma(const float* __restrict__ q, const u16* __restrict__ cache
     float o[D / 8][4];                          // O rows g, g + 8: 8-column tiles
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m[2] = {FA_NEG_INF, FA_NEG_INF}, l[2] = {0.f, 0.f};   // l: this lane's part of the row sums
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};   // l: this lane's part of the row sums
 
     for (int j0 = lo; j0 <= p_last; j0 += FA_BK) {
         __syncthreads();                        // the previous tile is consumed (and sQ written)
@@ -77,57 +76,10 @@ attention_prefill_mma(const float* __restrict__ q, const u16* __restrict__ cache
         __syncthreads();
         if (j0 + kw > p_last) continue;         // none of this warp's keys is in the tile
 
-        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};    // S: keys kw + 0..7, kw + 8..15
-#pragma unroll
-        for (int kk = 0; kk < D; kk += 16) {
-            u32 a[4], b[4];
-            ldsm_x4(a, sQ + ((lane & 7) + ((lane >> 3) & 1) * 8) * LDS + kk + (lane >> 4) * 8);
-            ldsm_x4(b, sK + (kw + (lane & 7) + (lane >> 4) * 8) * LDS + kk + ((lane >> 3) & 1) * 8);
-            mma_f16(s[0], a, b[0], b[1]);
-            mma_f16(s[1], a, b[2], b[3]);
-        }
-        float mx[2] = {m[0], m[1]};
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int row = e >> 1, j = j0 + kw + nt * 8 + 2 * t + (e & 1);
-                const bool ok = j <= qp[row] && (window <= 0 || j > qp[row] - window);
-                s[nt][e] = ok ? (softcap > 0.f ? cap2 * tanhf(s[nt][e] / cap2) : s[nt][e]) : FA_NEG_INF;
-                mx[row] = fmaxf(mx[row], s[nt][e]);
-            }
-        float corr[2];
-#pragma unroll
-        for (int row = 0; row < 2; ++row) {
-            mx[row] = fmaxf(mx[row], __shfl_xor_sync(0xffffffffu, mx[row], 1));
-            mx[row] = fmaxf(mx[row], __shfl_xor_sync(0xffffffffu, mx[row], 2));
-            corr[row] = mx[row] == FA_NEG_INF ? 1.f : exp2f(m[row] - mx[row]);
-            m[row] = mx[row];
-        }
-        float p[2][4];
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int row = e >> 1;
-                p[nt][e] = s[nt][e] == FA_NEG_INF ? 0.f : exp2f(s[nt][e] - m[row]);
-            }
-        l[0] = l[0] * corr[0] + p[0][0] + p[0][1] + p[1][0] + p[1][1];
-        l[1] = l[1] * corr[1] + p[0][2] + p[0][3] + p[1][2] + p[1][3];
-        const u32 pa[4] = {pack_f16x2(p[0][0], p[0][1]), pack_f16x2(p[0][2], p[0][3]),
-                           pack_f16x2(p[1][0], p[1][1]), pack_f16x2(p[1][2], p[1][3])};
-#pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-            o[i][0] *= corr[0]; o[i][1] *= corr[0];
-            o[i][2] *= corr[1]; o[i][3] *= corr[1];
-        }
-#pragma unroll
-        for (int nd = 0; nd < D / 16; ++nd) {
-            u32 b[4];
-            ldsm_x4_trans(b, sV + (kw + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + nd * 16 + (lane >> 4) * 8);
-            mma_f16(o[2 * nd], pa, b[0], b[1]);
-            mma_f16(o[2 * nd + 1], pa, b[2], b[3]);
-        }
+        fa_tile_step<D>(sQ, sK, sV, kw, lane, softcap > 0.f, cap2, [&](int key, int row) {
+            const int j = j0 + key;
+            return j <= qp[row] && (window <= 0 || j > qp[row] - window);
+        }, o, m, l);
     }
 #pragma unroll
     for (int row = 0; row < 2; ++row) {
@@ -151,14 +103,14 @@ attention_prefill_mma(const float* __restrict__ q, const u16* __restrict__ cache
     __syncthreads();
     for (int e = tid; e < nq * D; e += 128) {
         const int r = e / D, c = e % D;
-        float mx = FA_NEG_INF;
+        float mx = NEG_INF;
 #pragma unroll
         for (int w = 0; w < FA_WARPS; ++w) mx = fmaxf(mx, sM[w * FA_BQ + r]);
         float sum = 0.f, acc = 0.f;             // every query sees at least its own key: mx is finite
 #pragma unroll
         for (int w = 0; w < FA_WARPS; ++w) {
             const float mw = sM[w * FA_BQ + r];
-            const float f = mw == FA_NEG_INF ? 0.f : exp2f(mw - mx);
+            const float f = mw == NEG_INF ? 0.f : exp2f(mw - mx);
             sum += f * sL[w * FA_BQ + r];
             acc += f * sO[(w * FA_BQ + r) * D + c];
         }

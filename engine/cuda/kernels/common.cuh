@@ -126,6 +126,70 @@ __device__ __forceinline__ void mma_f16(float c[4], const u32 a[4], u32 b0, u32 
 }
 __device__ __forceinline__ u32 pack_f16x2(float lo, float hi) { return (u32)f2h(lo) | ((u32)f2h(hi) << 16); }
 
+#define NEG_INF __int_as_float(0xff800000)
+
+// One warp's step of flash attention on f16 tensor cores over keys in shared memory (attention_mma.cu's prefill,
+// attention.cu's decode): sQ holds 16 query rows (scaled to log2 units), sK and sV the tile's keys and values, rows
+// padded by 8 halves (D + 8 apart); the warp takes keys kw..kw+15. S = Q K^T; score e of key tile nt (key kw + 8 nt + 2t + (e & 1)
+// of the tile, query row g + 8 (e >> 1), lane = 4g + t) counts where keep(key, row) says so, capped to
+// cap2 * tanh(s / cap2) when cap; then the online softmax of rows g and g + 8 in fp32 (m: their maxima, l: this
+// lane's part of their sums) and O += P V with P rounded to f16 (o: rows g, g + 8 in 8-column tiles).
+template <int D, typename Keep>
+__device__ __forceinline__ void fa_tile_step(const u16* sQ, const u16* sK, const u16* sV, int kw, int lane, bool cap,
+                                             float cap2, Keep keep, float (&o)[D / 8][4], float (&m)[2],
+                                             float (&l)[2]) {
+    constexpr int LDS = D + 8;
+    const int t = lane & 3;
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};    // S: keys kw + 0..7, kw + 8..15
+#pragma unroll
+    for (int kk = 0; kk < D; kk += 16) {
+        u32 a[4], b[4];
+        ldsm_x4(a, sQ + ((lane & 7) + ((lane >> 3) & 1) * 8) * LDS + kk + (lane >> 4) * 8);
+        ldsm_x4(b, sK + (kw + (lane & 7) + (lane >> 4) * 8) * LDS + kk + ((lane >> 3) & 1) * 8);
+        mma_f16(s[0], a, b[0], b[1]);
+        mma_f16(s[1], a, b[2], b[3]);
+    }
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int row = e >> 1;
+            s[nt][e] = keep(kw + nt * 8 + 2 * t + (e & 1), row) ? (cap ? cap2 * tanhf(s[nt][e] / cap2) : s[nt][e])
+                                                                : NEG_INF;
+            mx[row] = fmaxf(mx[row], s[nt][e]);
+        }
+    float corr[2];
+#pragma unroll
+    for (int row = 0; row < 2; ++row) {
+        mx[row] = fmaxf(mx[row], __shfl_xor_sync(0xffffffffu, mx[row], 1));
+        mx[row] = fmaxf(mx[row], __shfl_xor_sync(0xffffffffu, mx[row], 2));
+        corr[row] = mx[row] == NEG_INF ? 1.f : exp2f(m[row] - mx[row]);
+        m[row] = mx[row];
+    }
+    float p[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) p[nt][e] = s[nt][e] == NEG_INF ? 0.f : exp2f(s[nt][e] - m[e >> 1]);
+    l[0] = l[0] * corr[0] + p[0][0] + p[0][1] + p[1][0] + p[1][1];
+    l[1] = l[1] * corr[1] + p[0][2] + p[0][3] + p[1][2] + p[1][3];
+    const u32 pa[4] = {pack_f16x2(p[0][0], p[0][1]), pack_f16x2(p[0][2], p[0][3]),
+                       pack_f16x2(p[1][0], p[1][1]), pack_f16x2(p[1][2], p[1][3])};
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+        o[i][0] *= corr[0]; o[i][1] *= corr[0];
+        o[i][2] *= corr[1]; o[i][3] *= corr[1];
+    }
+#pragma unroll
+    for (int nd = 0; nd < D / 16; ++nd) {
+        u32 b[4];
+        ldsm_x4_trans(b, sV + (kw + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + nd * 16 + (lane >> 4) * 8);
+        mma_f16(o[2 * nd], pa, b[0], b[1]);
+        mma_f16(o[2 * nd + 1], pa, b[2], b[3]);
+    }
+}
+
 // One q8_1 block written by a warp: lane i holds value i of 32 consecutive values; writes qs[0..31] and the halves'
 // (d, d * sum of the 16 quantized values) to ds[0], ds[1], with d = max|x| / 127 and q = round(x / d) (the format
 // quantize_q8_1 writes and MMVQ / MMQ read).
