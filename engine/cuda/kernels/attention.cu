@@ -177,6 +177,22 @@ __device__ __forceinline__ int decode_chunk(int len) {
     return max(DECODE_CHUNK_KEYS, (len + DECODE_MAX_CHUNKS - 1) / DECODE_MAX_CHUNKS);
 }
 
+// A decode attention block's share of the work (grid (n, n_kv * parts, n_split), at most `rows` query heads a block):
+// token tok, KV head kvh, query heads h0..h0 + gq - 1, and of the token's keys lo..p (its window) in n_chunks chunks
+// of `chunk` keys, chunks z, z + n_split, ....
+struct DecodeBlock {
+    int tok, z, n_split, kvh, h0, gq, p, lo, chunk, n_chunks;
+    __device__ __forceinline__ DecodeBlock(const int* positions, int n_head, int n_kv, int rows, int window) {
+        tok = blockIdx.x; z = blockIdx.z; n_split = gridDim.z;
+        const int parts = gridDim.y / n_kv, part_i = blockIdx.y % parts, G = n_head / n_kv;
+        kvh = blockIdx.y / parts; h0 = kvh * G + part_i * rows; gq = min(rows, G - part_i * rows);
+        p = positions[tok];
+        lo = window > 0 ? max(0, p - window + 1) : 0;
+        const int len = p - lo + 1;
+        chunk = decode_chunk(len); n_chunks = (len + chunk - 1) / chunk;
+    }
+};
+
 // 8 consecutive cache values as raw 16-byte (f16) or 32-byte (f32) loads, and as floats.
 template <typename KV> struct Raw8;
 template <> struct Raw8<u16> {
@@ -298,14 +314,11 @@ attention_decode(const float* __restrict__ q, KV* cache_k, KV* cache_v, float* _
     constexpr int LPK = DP / 8, KPW = 32 / LPK, GROUPS = DECODE_WARPS * KPW;   // lanes per key, keys per warp
     __shared__ float s_m[DECODE_WARPS][GMAX], s_l[DECODE_WARPS][GMAX];
     __shared__ float s_acc[DECODE_WARPS][GMAX][DP];
-    const int tok = blockIdx.x, z = blockIdx.z, n_split = gridDim.z;
-    const int parts = gridDim.y / n_kv, kvh = blockIdx.y / parts, part_i = blockIdx.y % parts;
-    const int G = n_head / n_kv, h0 = kvh * G + part_i * GMAX, gq = min(GMAX, G - part_i * GMAX);
+    const DecodeBlock blk(positions, n_head, n_kv, GMAX, window);
+    if (blk.z >= blk.n_chunks) return;
+    const int tok = blk.tok, z = blk.z, n_split = blk.n_split, kvh = blk.kvh, h0 = blk.h0, gq = blk.gq;
+    const int p = blk.p, lo = blk.lo, chunk = blk.chunk, n_chunks = blk.n_chunks;
     const int lane = threadIdx.x, w = threadIdx.y, tid = w * 32 + lane, sub = lane % LPK, ks = lane / LPK;
-    const int p = positions[tok];
-    const int lo = window > 0 ? max(0, p - window + 1) : 0, len = p - lo + 1;
-    const int chunk = decode_chunk(len), n_chunks = (len + chunk - 1) / chunk;
-    if (z >= n_chunks) return;
     const KVRows kv(tables, width, shift, rows, tabs[tok]);
     const long long stride = (long long)n_kv * head_dim, off = (long long)kvh * head_dim + sub * 8;
     const bool lane_on = sub * 8 < head_dim;
@@ -464,14 +477,11 @@ attention_decode_mma(const float* __restrict__ q, u16* cache_k, u16* cache_v, fl
     extern __shared__ __align__(16) u16 dm_smem[];
     u16* sQ = dm_smem;                          // [R][LDS] the queries, scaled (log2 units), f16
     u16* sKV = sQ + R * LDS;                    // [2 stages][K, V][BK][LDS] tiles
-    const int tok = blockIdx.x, z = blockIdx.z, n_split = gridDim.z;
-    const int parts = gridDim.y / n_kv, kvh = blockIdx.y / parts, part_i = blockIdx.y % parts;
-    const int G = n_head / n_kv, h0 = kvh * G + part_i * R, gq = min(R, G - part_i * R);
-    const int lane = threadIdx.x, w = threadIdx.y, tid = w * 32 + lane, g = lane >> 2, t = lane & 3;
-    const int p = positions[tok];
-    const int lo = window > 0 ? max(0, p - window + 1) : 0, len = p - lo + 1;
-    const int chunk = decode_chunk(len), n_chunks = (len + chunk - 1) / chunk;
-    if (z >= n_chunks) return;
+    const DecodeBlock blk(positions, n_head, n_kv, R, window);
+    if (blk.z >= blk.n_chunks) return;
+    const int tok = blk.tok, z = blk.z, n_split = blk.n_split, kvh = blk.kvh, h0 = blk.h0, gq = blk.gq;
+    const int p = blk.p, lo = blk.lo, chunk = blk.chunk, n_chunks = blk.n_chunks;
+    const int lane = threadIdx.x, w = threadIdx.y, tid = w * 32 + lane;
     const KVRows kv(tables, width, shift, rows, tabs[tok]);
     const long long stride = (long long)n_kv * D, off = (long long)kvh * D;
     auto load_tile = [&](int stage, int j0, int j1) {   // keys j0.. (< j1, else zeros) into a stage, one group
@@ -548,38 +558,16 @@ attention_decode_mma(const float* __restrict__ q, u16* cache_k, u16* cache_v, fl
             __syncthreads();                    // the stage is consumed: the tile after next may load into it
             if (ti + 2 < n_tiles) load_tile(ti & 1, jt + 2 * BK, j1);
         }
-#pragma unroll
-        for (int row = 0; row < 2; ++row) {
-            l[row] += __shfl_xor_sync(0xffffffffu, l[row], 1);
-            l[row] += __shfl_xor_sync(0xffffffffu, l[row], 2);
-        }
         // the four warps' states merge through shared memory (the tiles' space: none is loading) into part
         float* sO = (float*)sKV;                // [DECODE_WARPS][R][D] outputs, then [DECODE_WARPS][R] maxima, sums
         float* sM = sO + DECODE_WARPS * R * D;
         float* sL = sM + DECODE_WARPS * R;
-#pragma unroll
-        for (int i = 0; i < D / 8; ++i) {
-            *(float2*)(sO + (w * R + g) * D + i * 8 + 2 * t) = make_float2(o[i][0], o[i][1]);
-            *(float2*)(sO + (w * R + g + 8) * D + i * 8 + 2 * t) = make_float2(o[i][2], o[i][3]);
-        }
-        if (t == 0) {
-            sM[w * R + g] = m[0]; sM[w * R + g + 8] = m[1];
-            sL[w * R + g] = l[0]; sL[w * R + g + 8] = l[1];
-        }
+        fa_publish<D>(sO, sM, sL, w, lane, o, m, l);
         __syncthreads();
         for (int e = tid; e < gq * D; e += DECODE_WARPS * 32) {
             const int r = e / D, d = e % D;
-            float mx = NEG_INF;
-#pragma unroll
-            for (int i = 0; i < DECODE_WARPS; ++i) mx = fmaxf(mx, sM[i * R + r]);
-            float lt = 0.f, a = 0.f;            // the chunk has keys: mx is finite
-#pragma unroll
-            for (int i = 0; i < DECODE_WARPS; ++i) {
-                const float mi = sM[i * R + r];
-                const float f = mi == NEG_INF ? 0.f : exp2f(mi - mx);
-                lt += f * sL[i * R + r];
-                a += f * sO[(i * R + r) * D + d];
-            }
+            float mx, lt;                       // the chunk has keys: mx is finite
+            const float a = fa_merge<D, DECODE_WARPS>(sO, sM, sL, r, d, mx, lt);
             float* pp = part + (((long long)tok * n_head + h0 + r) * max_chunks + c) * (D + 4);
             if (d == 0) { pp[0] = mx * 0.6931471805599453f; pp[1] = lt; }    // the max in natural-log units
             pp[4 + d] = a;

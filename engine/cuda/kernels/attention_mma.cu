@@ -38,7 +38,7 @@ attention_prefill_mma(const float* __restrict__ q, const u16* __restrict__ cache
     u16* sQ = fa_smem;                 // [FA_BQ][LDS] queries, scaled, f16
     u16* sK = sQ + FA_BQ * LDS;        // [FA_BK][LDS] keys of the tile
     u16* sV = sK + FA_BK * LDS;        // [FA_BK][LDS] values of the tile
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2;
     const int h = blockIdx.y, kvh = h / (n_head / n_kv);
     const int t0 = tiles ? tiles[2 * blockIdx.x] : blockIdx.x * FA_BQ;
     const int nq = tiles ? tiles[2 * blockIdx.x + 1] : min(FA_BQ, n - t0);
@@ -81,39 +81,17 @@ attention_prefill_mma(const float* __restrict__ q, const u16* __restrict__ cache
             return j <= qp[row] && (window <= 0 || j > qp[row] - window);
         }, o, m, l);
     }
-#pragma unroll
-    for (int row = 0; row < 2; ++row) {
-        l[row] += __shfl_xor_sync(0xffffffffu, l[row], 1);
-        l[row] += __shfl_xor_sync(0xffffffffu, l[row], 2);
-    }
     // merge the four warps' states: [FA_WARPS][FA_BQ][D] outputs, [FA_WARPS][FA_BQ] maxima and sums
     __syncthreads();
     float* sO = (float*)sK;
     float* sM = sO + FA_WARPS * FA_BQ * D;
     float* sL = sM + FA_WARPS * FA_BQ;
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-        *(float2*)(sO + (warp * FA_BQ + g) * D + i * 8 + 2 * t) = make_float2(o[i][0], o[i][1]);
-        *(float2*)(sO + (warp * FA_BQ + g + 8) * D + i * 8 + 2 * t) = make_float2(o[i][2], o[i][3]);
-    }
-    if (t == 0) {
-        sM[warp * FA_BQ + g] = m[0]; sM[warp * FA_BQ + g + 8] = m[1];
-        sL[warp * FA_BQ + g] = l[0]; sL[warp * FA_BQ + g + 8] = l[1];
-    }
+    fa_publish<D>(sO, sM, sL, warp, lane, o, m, l);
     __syncthreads();
     for (int e = tid; e < nq * D; e += 128) {
         const int r = e / D, c = e % D;
-        float mx = NEG_INF;
-#pragma unroll
-        for (int w = 0; w < FA_WARPS; ++w) mx = fmaxf(mx, sM[w * FA_BQ + r]);
-        float sum = 0.f, acc = 0.f;             // every query sees at least its own key: mx is finite
-#pragma unroll
-        for (int w = 0; w < FA_WARPS; ++w) {
-            const float mw = sM[w * FA_BQ + r];
-            const float f = mw == NEG_INF ? 0.f : exp2f(mw - mx);
-            sum += f * sL[w * FA_BQ + r];
-            acc += f * sO[(w * FA_BQ + r) * D + c];
-        }
+        float mx, sum;                          // every query sees at least its own key: mx is finite
+        const float acc = fa_merge<D, FA_WARPS>(sO, sM, sL, r, c, mx, sum);
         out[((long long)(t0 + r) * n_head + h) * D + c] = acc / sum;
     }
 }

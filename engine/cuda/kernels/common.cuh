@@ -190,6 +190,48 @@ __device__ __forceinline__ void fa_tile_step(const u16* sQ, const u16* sK, const
     }
 }
 
+// After fa_tile_step's last tile: warp w's state of its 16 rows (the lanes' parts of the sums added up first) into
+// shared memory, sO : [warps][16][D] outputs, sM, sL : [warps][16] maxima and sums, for fa_merge.
+template <int D>
+__device__ __forceinline__ void fa_publish(float* sO, float* sM, float* sL, int w, int lane, const float (&o)[D / 8][4],
+                                           const float (&m)[2], float (&l)[2]) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int row = 0; row < 2; ++row) {
+        l[row] += __shfl_xor_sync(0xffffffffu, l[row], 1);
+        l[row] += __shfl_xor_sync(0xffffffffu, l[row], 2);
+    }
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+        *(float2*)(sO + (w * 16 + g) * D + i * 8 + 2 * t) = make_float2(o[i][0], o[i][1]);
+        *(float2*)(sO + (w * 16 + g + 8) * D + i * 8 + 2 * t) = make_float2(o[i][2], o[i][3]);
+    }
+    if (t == 0) {
+        sM[w * 16 + g] = m[0]; sM[w * 16 + g + 8] = m[1];
+        sL[w * 16 + g] = l[0]; sL[w * 16 + g + 8] = l[1];
+    }
+}
+
+// Row r, column d of the WARPS warps' states fa_publish wrote, merged: returns sum_w f_w O_w[r][d], with sum_w f_w l_w
+// in sum and the largest maximum in mx (f_w = 2^(m_w - mx), 0 for a warp that saw no key of the row).
+template <int D, int WARPS>
+__device__ __forceinline__ float fa_merge(const float* sO, const float* sM, const float* sL, int r, int d, float& mx,
+                                          float& sum) {
+    mx = NEG_INF;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, sM[w * 16 + r]);
+    float acc = 0.f;
+    sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+        const float mw = sM[w * 16 + r];
+        const float f = mw == NEG_INF ? 0.f : exp2f(mw - mx);
+        sum += f * sL[w * 16 + r];
+        acc += f * sO[(w * 16 + r) * D + d];
+    }
+    return acc;
+}
+
 // One q8_1 block written by a warp: lane i holds value i of 32 consecutive values; writes qs[0..31] and the halves'
 // (d, d * sum of the 16 quantized values) to ds[0], ds[1], with d = max|x| / 127 and q = round(x / d) (the format
 // quantize_q8_1 writes and MMVQ / MMQ read).
