@@ -88,8 +88,8 @@ class CUDABackend(Backend):
         self._bound: dict[int, tuple[np.ndarray, cp.ndarray]] = {}
         self.acts = dispatch.Activations()     # q8_1 / f16 forms of the last activation multiplied
         # batch-invariant mode: besides the mul_mat chain's choice (dispatch.py), attention takes every row alone
-        # (_attention_rows) and every q8_1 block comes from quantize_q8_1 (none written by a norm or attention
-        # kernel as a side product: one producer whatever the row count)
+        # (_attention_rows); the q8_1 blocks a norm or attention kernel writes beside its output are those
+        # quantize_q8_1 writes, bit for bit (tests/test_cuda_ops.py), so they serve in that mode too
         self.invariant = self.config.batch_invariant
         self._tickets = cp.zeros(ATTENTION_TICKETS, cp.int32)   # attention_decode's counters, per (row, KV group)
         self._host_f64: dict[int, tuple[np.ndarray, cp.ndarray]] = {}    # a model's rope frequencies, on the device
@@ -190,7 +190,7 @@ class CUDABackend(Backend):
         rows = x.size // d
         null = np.uint64(0)
         qs = ds = rs = null
-        if 0 < rows <= 8 and d % 32 == 0 and not self.invariant:   # a decode step: y goes to MMVQ, its q8_1 too
+        if 0 < rows <= 8 and d % 32 == 0:              # a decode step: y goes to MMVQ, write its q8_1 blocks too
             planes = self._q8_1_planes(rows, d)
             self.acts.put_q8_1(y, planes)
             qs, ds, *residual = planes
@@ -343,8 +343,7 @@ class CUDABackend(Backend):
 
     def _attention_decode(self, q, k, v, tabs, positions, ctx):
         """Few query tokens (decode), flash-decoding over the keys; stores k, v first when given.
-        -> [n, n_head*head_dim], with its q8_1 blocks registered for the next mul_mat (not in batch-invariant
-        mode)."""
+        -> [n, n_head*head_dim], with its q8_1 blocks registered for the next mul_mat."""
         cache, layer, scale, window, softcap, paging = ctx
         n, n_head, d = q.shape
         dk = self._decode_kernel(n_head, ctx)
@@ -353,8 +352,8 @@ class CUDABackend(Backend):
         n_split = max(1, min(max_chunks, -(-DECODE_BLOCKS_PER_SM * self.n_sm // (n * blocks))))
         out = cp.empty((n, n_head, d), cp.float32)
         part = cp.empty((n, n_head, max_chunks, d + 4), cp.float32)  # per chunk: max, sum, -, -, output[head_dim]
+        qs, ds, *rs = self._q8_1_planes(n, n_head * d)               # out as q8_1 (and its residual plane)
         none = np.uint64(0)
-        qs, ds, *rs = (none, none) if self.invariant else self._q8_1_planes(n, n_head * d)   # out as q8_1 (+ plane)
         launch.with_smem(kernel("attention", dk.name), dk.smem)(
             (n, blocks, n_split), (32, build.constants("attention")["DECODE_WARPS"]),
             (q, cache.k[layer], cache.v[layer], out, tabs, positions, *paging, np.int32(n_head), np.int32(n_kv),
@@ -362,8 +361,7 @@ class CUDABackend(Backend):
              self._tickets, qs, ds, rs[0] if rs else none, *((k, v) if k is not None else (none, none))),
             shared_mem=dk.smem)
         out = out.reshape(n, n_head * d)
-        if not self.invariant:
-            self.acts.put_q8_1(out, (qs, ds, *rs))
+        self.acts.put_q8_1(out, (qs, ds, *rs))
         return out
 
     @staticmethod
