@@ -303,8 +303,9 @@ def attention_main(argv):
             with be.stream:
                 be.attention(q, k, v, cache, 0, batch, d ** -0.5, None)      # stores k, v in the cache
                 tabs, paging = be._paging(batch, cache)
-                args_ = (q, cache.k[0], cache.v[0], out, tabs, be._dev(batch.positions), *paging, np.int32(n),
-                         np.int32(n_head), np.int32(n_kv), np.float32(d ** -0.5), np.int32(0), np.float32(0))
+                args_ = (q, cache.k[0], cache.v[0], out, tabs, be._dev(batch.positions), *paging, np.uint64(0),
+                         np.int32(n), np.int32(n_head), np.int32(n_kv), np.float32(d ** -0.5), np.int32(0),
+                         np.float32(0))
                 if kv_f32:
                     us = time_batched(lambda _: launch.attention_prefill_simt(d, ((n + 31) // 32, n_head), args_),
                                       [None], args.reps)
