@@ -38,6 +38,7 @@ norm: The residual add and RMS norm of every layer (add_rms_norm, the q8_1 block
 to 8 rows) at row lengths --d and --rows rows: 20 calls captured as one CUDA graph, medians of --reps.
 
     python scripts/bench.py norm [--d 576,640,2560,4096,8192] [--rows 1,32,512] [--reps 20] [--post-norm]
+                                 [--threads 256,512,1024]
 
 GB/s counts x, r read and s, y written (f32).
 
@@ -351,25 +352,38 @@ def decode_attention(depths: list[int], rows: list[int], reps: int) -> None:
 def norm_main(argv):
     import cupy as cp
 
+    from engine.backends import cuda as cuda_backend
     from engine.backends.cuda import CUDABackend
+    from engine.cuda import build
     ap = argparse.ArgumentParser(prog="bench.py norm")
     ap.add_argument("--d", default="576,640,2560,4096,8192")
     ap.add_argument("--rows", default="1,32,512")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--post-norm", action="store_true", help="Gemma 3's form: r RMS-normed first")
+    ap.add_argument("--threads", default="", help="threads a block instead of norm_threads' rule (256,512,1024: a "
+                    "sweep; rows whose values a thread would then exceed build.NORM_VALUES are skipped)")
     args = ap.parse_args(argv)
     be = CUDABackend(config=CudaConfig(graphs=False))
     rng = np.random.default_rng()
+    rule = cuda_backend.norm_threads
     print(f"add_rms_norm{' with a post-norm' if args.post_norm else ''}: 20 calls as one CUDA graph, medians of "
-          f"{args.reps}\n\n| d | rows | us | GB/s |\n| --- | --- | --- | --- |")
+          f"{args.reps}\n\n| d | rows | threads | us | GB/s |\n| --- | --- | --- | --- | --- |")
     for d in (int(v) for v in args.d.split(",")):
         w, wr = (cp.asarray(rng.standard_normal(d).astype(np.float32)) for _ in range(2))
         for n in (int(v) for v in args.rows.split(",")):
             x, r = (cp.asarray(rng.standard_normal((n, d)).astype(np.float32)) for _ in range(2))
-            with be.stream:
-                us = time_graph(lambda _: be.add_rms_norm(x, r, w, 1e-6, r_norm=wr if args.post_norm else None),
-                                [None], args.reps)
-            print(f"| {d} | {n} | {us:.2f} | {4 * n * d * 4 / (us * 1e-6) / 1e9:.0f} |", flush=True)
+            for threads in [int(v) for v in args.threads.split(",")] if args.threads else [rule(d)]:
+                if -(-d // threads) > build.NORM_VALUES[-1]:
+                    continue
+                cuda_backend.norm_threads = lambda _d, t=threads: t
+                try:
+                    with be.stream:
+                        us = time_graph(lambda _: be.add_rms_norm(x, r, w, 1e-6,
+                                                                  r_norm=wr if args.post_norm else None),
+                                        [None], args.reps)
+                finally:
+                    cuda_backend.norm_threads = rule
+                print(f"| {d} | {n} | {threads} | {us:.2f} | {4 * n * d * 4 / (us * 1e-6) / 1e9:.0f} |", flush=True)
 
 
 # ---- decode --------------------------------------------------------------------------------------------------------
