@@ -26,8 +26,9 @@
 #                                         --batch-invariant: the cost of batch invariance
 #   bash scripts/device.sh structured smol|synth [SECS]  the load test at 8 and 32 clients, plain and with
 #                                         structured output (load_test.py --json-schema): the grammar masks' cost
-#   bash scripts/device.sh prefix synth|smol [SECS]  32 clients whose prompts share a 2,000-token system text
-#                                         (load_test.py --shared-prefix 2000), prefix caching on, then off: TTFT;
+#   bash scripts/device.sh prefix synth|smol [SECS] [on|off|on,off] [FLAGS]  32 clients whose prompts share a
+#                                         2,000-token system text (load_test.py --shared-prefix 2000), prefix
+#                                         caching on, then off (FLAGS to engine serve): TTFT;
 #                                         with it on, also one client at a time (the prefix cached, no burst)
 #   bash scripts/device.sh serve synth|smol [SECS]  serve_compare.sh on one model (1, 8, 32, 64 clients)
 #   bash scripts/device.sh bench [SECS]   synthetic 8B: engine core batched decode (raw and --scheduler) beside
@@ -205,13 +206,14 @@ structured)     # smol|synth|MODEL [SECS]: the load test at 8 and 32 clients, pl
     done
   done
   kill $ep; wait $ep 2>/dev/null ;;
-prefix)         # smol|synth|MODEL [SECS]: the shared-system-prompt load test, prefix caching on then off
-  m=${2:-synth}; secs=${3:-15}
+prefix)         # smol|synth|MODEL [SECS] [on|off|on,off] [FLAGS]: the shared-system-prompt load test, prefix caching
+                #   on then off (or the one given); FLAGS go to engine serve
+  m=${2:-synth}; secs=${3:-15}; modes=${4:-on,off}; flags=("${@:5}")
   [ "$m" = smol ] && m=$SMOL; [ "$m" = synth ] && { synth 8b; m=$SYNTH; }
-  for cache in on off; do
-    start_engine "$m" --parallel 32 --ctx 2304 $([ $cache = on ] || echo --no-prefix-cache)
+  for cache in ${modes//,/ }; do
+    start_engine "$m" --parallel 32 --ctx 2304 $([ $cache = on ] || echo --no-prefix-cache) "${flags[@]}"
     for c in 32 $([ $cache = on ] && echo 1); do
-      echo "$(basename $m) prefix cache $cache $(python3 scripts/load_test.py --url http://127.0.0.1:8090 --clients $c \
+      echo "$(basename $m) prefix cache $cache ${flags[*]} $(python3 scripts/load_test.py --url http://127.0.0.1:8090 --clients $c \
         --seconds $secs --max-tokens 32 --shared-prefix 2000 2>&1 | tail -1)" | tee -a "$OUT/prefix.log"
     done
     kill $ep; wait $ep 2>/dev/null
