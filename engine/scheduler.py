@@ -19,8 +19,9 @@ they were, with the same sampler and grammar.
 
 Prefix caching (on unless prefix_cache=False): a new request shares the cached full blocks holding its prompt's
 longest prefix, then takes over or copies (at least min_copy tokens) the block holding most of what follows, and
-prefills only the rest; a request sharing a prefix of at least MIN_COPY_PREFIX tokens with a prompt still being
-prefilled waits until that prefix is in the cache (the requests behind it go ahead). Released blocks are reused
+prefills only the rest; a request whose prompt shares with one still being prefilled at least MIN_COPY_PREFIX tokens
+that one has yet to compute waits until they are in the cache (the requests behind it go ahead); fewer, as where a
+burst shares a cached system prompt and a token or two past it, are not worth a step's wait. Released blocks are reused
 least recently released first, so a cached prefix lives as long as it can.
 
 on_event receives a TokenEvent per generated token and one FinishEvent. Every per-sequence failure (its sampling,
@@ -229,13 +230,14 @@ class Scheduler:
 
     def _waits_for(self, seq: _Seq, other: _Seq) -> bool:
         """Whether seq should wait for other's prefill: the same prompt (its logits will be shared), or with prefix
-        caching a prefix of at least MIN_COPY_PREFIX tokens other has not prefilled yet."""
+        caching at least MIN_COPY_PREFIX tokens of their common prefix that other has not prefilled yet (what other
+        has prefilled, seq finds in the cache now)."""
         if not other.resumed and seq.req.prompt == other.req.prompt:
             return True
         if not self.prefix_cache:
             return False
         n = common_prefix(seq.prompt_ids, other.prompt_ids, len(seq.fill) - 1)
-        return n >= MIN_COPY_PREFIX and other.prefilled < n
+        return n - other.prefilled >= MIN_COPY_PREFIX
 
     def _reserve(self) -> int:
         """Free blocks admission leaves alone: the watermark, and one for each decoding sequence about to start

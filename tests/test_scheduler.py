@@ -173,25 +173,49 @@ def test_prefix_cache_reuses_a_finished_requests_slot(model):
 
 
 def test_prefix_cache_shares_a_prefix_being_prefilled(model):
-    """Four prompts with one 40-token system prefix, submitted together: the first prefills it, the other three wait
-    and copy it (computed once), while an unrelated request behind them is admitted at once; every sequence's greedy
-    tokens equal its run alone."""
+    """Four prompts with one 80-token system prefix, submitted together, 32 tokens a step: the first prefills it, the
+    other three wait while at least MIN_COPY_PREFIX of its tokens are still to come (two steps), then copy the 64
+    computed (computed once) and prefill the last 16 themselves rather than wait a step more; an unrelated request
+    behind them is admitted at once; every sequence's greedy tokens equal its run alone."""
     rng = np.random.default_rng()
-    system = rng.integers(0, N_VOCAB, 40).tolist()
-    prompts = [system + [i] + rng.integers(0, N_VOCAB, 3 + i).tolist() for i in range(4)]   # they part at token 40
+    system = rng.integers(0, N_VOCAB, 80).tolist()
+    prompts = [system + [i] + rng.integers(0, N_VOCAB, 3 + i).tolist() for i in range(4)]   # they part at token 80
     other = rng.integers(0, N_VOCAB, 7).tolist()
     refs = [list(Runtime.load(model, device="cpu", n_ctx=128).generate(p, SamplingParams(temperature=0), 4,
                                                                        ignore_eos=True)) for p in prompts + [other]]
-    sched = Scheduler(Runtime.load(model, device="cpu", n_ctx=128, n_seq=6, n_ubatch=16))
+    sched = Scheduler(Runtime.load(model, device="cpu", n_ctx=128, n_seq=6, n_ubatch=32))
     events = [[] for _ in range(5)]
     for p, ev in zip(prompts + [other], events):
         sched.submit(Request(p, SamplingParams(temperature=0), 4, ignore_eos=True), collect(ev))
+    for _ in range(2):
+        sched.step()
+        assert [s.req.prompt for s in sched.prefilling] == [prompts[0], other] and sched.queue_length == 3
     sched.step()
-    assert [s.req.prompt for s in sched.prefilling] == [prompts[0], other] and sched.queue_length == 3
+    assert sched.queue_length == 0
     run_all(sched)
     assert [greedy_tokens(ev) for ev in events] == refs
-    assert sched.stats.prompt_tokens_cached == 3 * 40 and sched.stats.prefix_cache_hits == 3
+    assert sched.stats.prompt_tokens_cached == 3 * 64 and sched.stats.prefix_cache_hits == 3
     assert sched.stats.prompt_tokens_total == sum(len(p) for p in prompts + [other])
+
+
+def test_a_cached_prefix_does_not_hold_a_burst(model):
+    """Four prompts sharing a cached 40-token system prefix and two tokens past it, submitted together: none waits
+    for another's prefill (two tokens are not worth a step), so all four have their first token after one step,
+    each found the 40 cached tokens, and their greedy tokens equal their runs alone."""
+    rng = np.random.default_rng()
+    system = rng.integers(0, N_VOCAB, 40).tolist()
+    prompts = [system + [7, 8] + rng.integers(0, N_VOCAB, 2 + i).tolist() for i in range(4)]   # they part at 42
+    refs = [list(Runtime.load(model, device="cpu", n_ctx=128).generate(p, SamplingParams(temperature=0), 3,
+                                                                       ignore_eos=True)) for p in prompts]
+    sched = Scheduler(Runtime.load(model, device="cpu", n_ctx=128, n_seq=5, n_ubatch=32))
+    run_requests(sched, [Request(system + [9], SamplingParams(temperature=0), 1)])      # the system prefix cached
+    events = [[] for _ in prompts]
+    for p, ev in zip(prompts, events):
+        sched.submit(Request(p, SamplingParams(temperature=0), 3, ignore_eos=True), collect(ev))
+    sched.step()
+    assert all(len(ev) == 1 and ev[0].cached_tokens == 40 for ev in events), [ev[:1] for ev in events]
+    run_all(sched)
+    assert [greedy_tokens(ev) for ev in events] == refs
 
 
 def test_logit_bias(model):
