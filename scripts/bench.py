@@ -6,6 +6,7 @@
     python scripts/bench.py norm      [--d 576,640,2560,4096,8192] [--rows 1,32,512]
     python scripts/bench.py decode    MODEL [--npl 1,8,16,32] [--npp 128] [--ntg 128] [--scheduler | --churn]
     python scripts/bench.py http      MODEL [--clients 1,8,32,64] [--step-ms 10] [--slots 64] [--shared-prefix N]
+    python scripts/bench.py prefix-match [--followers 10,100,500,1000] [--prefix 2003]
 
 (`engine bench MODEL` measures one sequence's prefill and decode, llama-bench's pp / tg; scripts/load_test.py a
 running server.) Each subcommand's own description follows.
@@ -68,6 +69,10 @@ The stand-in runs no model: the figure is the front end's (tokenization, detoken
 uvicorn) and the load generator's ceiling on this machine. A core that steps every S ms with B requests running
 emits B / S tokens per ms; each row prints that ceiling beside what the clients received.
 MODEL only supplies the tokenizer.
+
+prefix-match: The block manager's lookup of a new prompt's cached prefix (BlockManager.match, once per admission)
+when a shared --prefix of tokens has been followed by --followers requests, each leaving its own block after it
+(what load_test.py --shared-prefix builds up in a server): ms per lookup, mean of 20.
 """
 from __future__ import annotations
 
@@ -617,8 +622,45 @@ def http_main(argv) -> None:
     server.join(5)
 
 
+def prefix_match_main(argv) -> None:
+    from engine.kv_blocks import ROOT, BlockManager
+    ap = argparse.ArgumentParser(prog="bench.py prefix-match")
+    ap.add_argument("--followers", default="10,100,500,1000")
+    ap.add_argument("--prefix", type=int, default=2003)
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    blocks = BlockManager(8192, 16)
+    prefix = rng.integers(0, 1000, args.prefix)
+
+    def follow() -> None:                                   # a request: the prefix and 12 tokens of its own
+        toks = np.concatenate([prefix, rng.integers(0, 1000, 12)])
+        table, _, _ = blocks.match(toks, len(toks) - 1)
+        for b in table:
+            blocks.hold(b)
+        parent, i = (blocks.key[table[-1]] if table else ROOT), len(table) * blocks.size
+        while i < len(toks):
+            b = blocks.allocate()
+            table.append(b)
+            parent, i = blocks.write(b, parent, 0, toks[i:i + blocks.size]), i + blocks.size
+        for b in table:
+            blocks.release(b)
+
+    print("| followers | blocks after the prefix | ms per match |\n| --- | --- | --- |")
+    done = 0
+    for n in (int(v) for v in args.followers.split(",")):
+        for _ in range(n - done):
+            follow()
+        done = n
+        toks = np.concatenate([prefix, rng.integers(0, 1000, 12)])
+        t0 = time.perf_counter()
+        for _ in range(20):
+            blocks.match(toks, len(toks) - 1)
+        kids = max(len(v) for v in blocks.children.values())
+        print(f"| {n} | {kids} | {(time.perf_counter() - t0) / 20 * 1e3:.2f} |", flush=True)
+
+
 COMMANDS = {"mul-mat": mul_mat_main, "attention": attention_main, "norm": norm_main, "decode": decode_main,
-            "http": http_main}
+            "http": http_main, "prefix-match": prefix_match_main}
 
 
 if __name__ == "__main__":

@@ -62,6 +62,32 @@ def test_match_walks_full_blocks_by_digest_and_respects_the_limit():
     assert m.match(np.array([10, 11]), 2) == ([], -1, 0)      # the same tokens after another prefix: no match
 
 
+def test_match_takes_the_child_holding_the_longest_prefix():
+    """Many blocks after one shared prefix (a system prompt's followers), holding random tokens of random lengths,
+    some shortened over what they held before (stale tokens past their length): match picks, of the children holding
+    the most of the next tokens, the first in the children's order, as a scan one by one would; at any limit."""
+    from engine.kv_blocks import common_prefix
+    rng = np.random.default_rng()
+    m = BlockManager(400, 8)
+    shared = rng.integers(0, 4, 8)
+    root = m.allocate()
+    key = m.write(root, ROOT, 0, shared)
+    for _ in range(300):
+        b = m.allocate()
+        m.write(b, key, 0, rng.integers(0, 4, 8))            # tokens from 4 values: long common prefixes happen
+        m.truncate(b, int(rng.integers(1, 9)))
+        m.release(b)
+    for _ in range(200):
+        t = np.concatenate([shared, rng.integers(0, 4, int(rng.integers(1, 12)))])
+        limit = int(rng.integers(9, len(t) + 1))
+        best, best_n = -1, 0
+        for c in m.children[key]:
+            n = common_prefix(m.ids[c, :m.length[c]], t[8:], limit - 8)
+            if n > best_n:
+                best, best_n = c, n
+        assert m.match(t, limit) == ([root], best, best_n)
+
+
 def test_without_caching_a_released_block_forgets():
     m = BlockManager(2, 2, caching=False)
     b = m.allocate()
