@@ -165,6 +165,7 @@ class BlockManager:
         """The cache's longest hold on tokens[:limit] -> (full blocks holding its first len * size tokens, the block
         holding the most of the next ones (-1: none), how many of them it holds)."""
         parent, blocks, i = ROOT, [], 0
+        limit = min(limit, len(tokens))
         if not self.caching:
             return blocks, -1, 0
         while i + self.size <= limit:

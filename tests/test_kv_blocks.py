@@ -86,6 +86,7 @@ def test_match_takes_the_child_holding_the_longest_prefix():
             if n > best_n:
                 best, best_n = c, n
         assert m.match(t, limit) == ([root], best, best_n)
+    assert m.match(t, len(t) + 5) == m.match(t, len(t))          # a limit past the tokens: all of them
 
 
 def test_without_caching_a_released_block_forgets():
