@@ -146,13 +146,16 @@ def prefill_tiles(runs, rows: int) -> np.ndarray:
 
 def attention_prefill_mma(d: int, grid: tuple, args: tuple) -> None:
     """kernels/attention_mma.cu attention_prefill_mma<d>: block 128, attention_mma_smem_bytes(d) of shared memory."""
-    smem = (16 + 2 * 64) * (d + 8) * 2                     # queries + K tile + V tile, f16 rows padded by 8
+    c = constants("attention_mma")
+    smem = (c["FA_BQ"] + 2 * c["FA_BK"]) * (d + 8) * 2     # queries + K tile + V tile, f16 rows padded by 8
     with_smem(kernel("attention_mma", f"attention_prefill_mma<{d}>"), smem)(grid, (128,), args, shared_mem=smem)
 
 
 def attention_prefill_simt(d: int, grid: tuple, args: tuple) -> None:
     """kernels/attention.cu attention_prefill<float, d> (an f32 cache): block 128, prefill_smem_floats(d) floats."""
-    smem = (2 * 32 * (d + 1) + 32 * d + 32 * 33) * 4
+    c = constants("attention")
+    bq, bk = c["PREFILL_BQ"], c["PREFILL_BK"]
+    smem = ((bq + bk) * (d + 1) + bk * d + bq * (bk + 1)) * 4     # prefill_smem_floats(d)
     with_smem(kernel("attention", f"attention_prefill<float, {d}>"), smem)(grid, (128,), args, shared_mem=smem)
 
 

@@ -55,6 +55,7 @@
 
 #define DECODE_WARPS 4           // attention_decode's warps per block
 #define PREFILL_BQ 32            // attention_prefill's queries per block
+#define PREFILL_BK 32            // ... and keys per tile
 #define DECODE_KEYS 8            // keys a lane of attention_decode loads together
 #define DECODE_CHUNK_KEYS 128    // attention_decode's chunk: this many keys, or len / DECODE_MAX_CHUNKS where larger
 #define DECODE_MAX_CHUNKS 64
@@ -578,7 +579,9 @@ attention_decode_mma(const float* __restrict__ q, u16* cache_k, u16* cache_v, fl
                      n_split, tid);
 }
 
-__host__ __device__ constexpr int prefill_smem_floats(int d) { return 2 * 32 * (d + 1) + 32 * d + 32 * 33; }
+__host__ __device__ constexpr int prefill_smem_floats(int d) {   // attention_prefill's sq, sk, sv, sp below
+    return (PREFILL_BQ + PREFILL_BK) * (d + 1) + PREFILL_BK * d + PREFILL_BQ * (PREFILL_BK + 1);
+}
 
 template <typename KV, int D>
 __global__ void __launch_bounds__(128)
@@ -586,7 +589,7 @@ attention_prefill(const float* __restrict__ q, const KV* __restrict__ cache_k, c
                   float* __restrict__ out, const int* __restrict__ tabs, const int* __restrict__ positions,
                   const int* __restrict__ tables, int width, int shift, int rows, const int* __restrict__ tiles,
                   int n, int n_head, int n_kv, float scale, int window, float softcap) {
-    constexpr int BQ = PREFILL_BQ, BK = 32, DP = D + 1, PP = BK + 1, PER = D / 4;
+    constexpr int BQ = PREFILL_BQ, BK = PREFILL_BK, DP = D + 1, PP = BK + 1, PER = D / 4;
     extern __shared__ float smem[];
     float* sq = smem;                  // [BQ][DP] queries, scaled
     float* sk = sq + BQ * DP;          // [BK][DP] keys of the tile
