@@ -90,7 +90,7 @@ def test_cuda_dequant_path_matches_cpu(tiny, arch, kv_f32, monkeypatch):
     round_like_gpu(monkeypatch, dispatch_rounding("dequant"), kv_f16=not kv_f32)
     cpu = run(Runtime.load(tiny[arch], device="cpu", n_ctx=64, n_ubatch=32), prompt, dec)
     assert nmse(gpu, cpu) < DEQUANT_BOUND
-    assert np.mean(gpu.argmax(1) == cpu.argmax(1)) >= 0.95
+    assert_argmax_near_ties(gpu, cpu)
 
 
 @pytest.mark.gpu
@@ -106,7 +106,7 @@ def test_cuda_q8_1_paths(tiny, arch, path, ubatch, monkeypatch):
     round_like_gpu(monkeypatch, dispatch_rounding(path), kv_f16=True)
     cpu = run(Runtime.load(tiny[arch], device="cpu", n_ctx=64, n_ubatch=ubatch), prompt, dec)
     assert nmse(gpu, cpu) < Q8_1_BOUND, path
-    assert np.mean(gpu.argmax(1) == cpu.argmax(1)) >= 0.95, path
+    assert_argmax_near_ties(gpu, cpu)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -173,8 +173,8 @@ def test_cuda_batched_decode_matches_cpu(tiny, arch, monkeypatch):
 def assert_argmax_near_ties(gpu, cpu, sigmas=6.0):
     """Every row's GPU argmax is the CPU's best token or within `sigmas` times the row's typical GPU-CPU difference
     (1.4826 x its median absolute difference, which one wrong logit does not move) of it: a near tie that difference
-    can flip. With 16 rows a share-of-rows bound (>= 0.95) allowed no flip at all, and failed once on the H200
-    (seventh session) where reruns passed."""
+    can flip. A share-of-rows bound (>= 0.95) allowed two flips in 45 rows and failed now and then where
+    reruns passed (test_cuda_q8_1_paths[mmq-32-llama]: 1 run in 4 on an H100)."""
     err = 1.4826 * np.median(np.abs(gpu - cpu), axis=1)
     picked = cpu[np.arange(len(cpu)), gpu.argmax(1)]
     gap = cpu.max(1) - picked
