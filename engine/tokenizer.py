@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
+from itertools import chain
 from typing import Iterable
 
 import numpy as np
@@ -67,20 +68,20 @@ PRE_TOKENIZERS = {
 }
 
 
-def _regex_split(text: str, patterns: list[regex.Pattern]) -> list[str]:
+def _splitter(pattern: str) -> regex.Pattern:
+    """pattern in one capturing group: its split() keeps the matches and the text between them, in one C call."""
+    if regex.compile(pattern).groups:
+        raise ValueError(f"a pre-tokenizer pattern has a capturing group: {pattern}")
+    return regex.compile(f"({pattern})")
+
+
+def _regex_split(text: str, splitters: list[regex.Pattern]) -> list[str]:
+    """text cut at each pattern's matches in turn (each splits the pieces of the previous one); matches and the
+    text between them are pieces alike. The matching releases the GIL (str is immutable): the server's tokenizer
+    threads split prompts side by side."""
     pieces = [text]
-    for pat in patterns:
-        out = []
-        for piece in pieces:
-            start = 0
-            for m in pat.finditer(piece):
-                if m.start() > start:
-                    out.append(piece[start:m.start()])
-                out.append(m.group())
-                start = m.end()
-            if start < len(piece):
-                out.append(piece[start:])
-        pieces = out
+    for pat in splitters:
+        pieces = [s for piece in pieces for s in pat.split(piece, concurrent=True) if s]
     return pieces
 
 
@@ -156,7 +157,7 @@ class Tokenizer:
                 shown = quoted(pre) if isinstance(pre, str) else type(pre).__name__
                 raise TokenizerError(f"{gguf.path}: unsupported BPE pre-tokenizer '{shown}' "
                                      f"(supported: {', '.join(PRE_TOKENIZERS)})")
-            self._patterns = [regex.compile(p) for p in PRE_TOKENIZERS[pre]]
+            self._patterns = [_splitter(p) for p in PRE_TOKENIZERS[pre]]
             self._ignore_merges = pre in ("llama3", "llama-bpe")
             merges = md.get("tokenizer.ggml.merges")
             if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
@@ -355,10 +356,9 @@ class Tokenizer:
         return out
 
     def _bpe(self, text: str) -> list[int]:
-        out: list[int] = []
-        for word in _regex_split(text, self._patterns):
-            out.extend(self._word_ids(word, self._bpe_text_word))
-        return out
+        get = self._word_cache.get
+        return list(chain.from_iterable(get(w) or self._word_ids(w, self._bpe_text_word)
+                                        for w in _regex_split(text, self._patterns)))
 
     def _bpe_text_word(self, word: str) -> list[int]:
         return self._bpe_word("".join(self._b2u[b] for b in word.encode("utf-8")))

@@ -1,14 +1,16 @@
 """Tokenizers against llama.cpp's tokenizations, round trips, streaming, chat templates, speed."""
+import random
 import time
 
 import pytest
+import regex
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from conftest import GOLDEN, read_golden, read_prompts
 from engine import hub
 from engine.gguf import GGUFFile
-from engine.tokenizer import Tokenizer, TokenizerError
+from engine.tokenizer import PRE_TOKENIZERS, Tokenizer, TokenizerError, _regex_split, _splitter
 
 pytestmark = pytest.mark.slow
 KEYS = ["smol", "gemma"]
@@ -263,3 +265,33 @@ def test_many_user_defined_tokens_do_not_slow_encoding(tmp_path):
     assert ids == [plain.encode(p, add_special=False) for p in prompts]
     assert tok.encode("a<|pad_77|>b", add_special=False) == \
         plain.encode("a", add_special=False) + [n0 + 77] + plain.encode("b", add_special=False)
+
+
+def finditer_split(text: str, patterns: list[str]) -> list[str]:
+    """The pre-tokenizer split spelled out: each pattern's matches, and the text between them, as pieces."""
+    pieces = [text]
+    for pattern in patterns:
+        out = []
+        for piece in pieces:
+            start = 0
+            for m in regex.finditer(pattern, piece):
+                out += [piece[start:m.start()]] * (m.start() > start) + [m.group()]
+                start = m.end()
+            out += [piece[start:]] * (start < len(piece))
+        pieces = out
+    return pieces
+
+
+@pytest.mark.parametrize("pre", sorted(PRE_TOKENIZERS))
+def test_regex_split_equals_finditer(pre):
+    rng = random.Random()
+    alphabet = list("abcXYZ  \n\t\r'0123456789.,!?$+<=>^~|_-\u00e9\u00df\u4e2d\u6587\U0001f642") + ["'s", "'LL", "\r\n"]
+    splitters = [_splitter(p) for p in PRE_TOKENIZERS[pre]]
+    for _ in range(500):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
+        assert _regex_split(text, splitters) == finditer_split(text, PRE_TOKENIZERS[pre]), repr(text)
+
+
+def test_splitter_refuses_a_capturing_group():
+    with pytest.raises(ValueError, match="capturing group"):
+        _splitter(r"(a)|b")
