@@ -87,6 +87,33 @@ class BodyLimit:
         return await self.app(scope, limited, send)
 
 
+class KeyAndLog:
+    """ASGI middleware: 401 where refused(request) says the key is wrong; one log line for each request that does
+    not log itself (a generation logs its own, with its TTFT). Plain ASGI, so a stream's chunks go straight to the
+    server (starlette's BaseHTTPMiddleware passes each through its own task and memory stream)."""
+
+    def __init__(self, app, refused: Callable[[Request], bool]):
+        self.app, self.refused = app, refused
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0, status = time.monotonic(), 500
+
+        async def send_status(msg):
+            nonlocal status
+            if msg["type"] == "http.response.start":
+                status = msg["status"]
+            await send(msg)
+        request = Request(scope, receive)
+        if self.refused(request):
+            await _send_error(send_status, APIError(401, "invalid or missing API key"))
+        else:
+            await self.app(scope, receive, send_status)
+        if not scope.get("state", {}).get("logs_itself"):
+            log.info("%s %s %d %.0fms", scope["method"], scope["path"], status, (time.monotonic() - t0) * 1000)
+
+
 async def _send_error(send, err: APIError) -> None:
     body = json.dumps(err.body()).encode()
     await send({"type": "http.response.start", "status": err.status,
@@ -169,17 +196,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
             return bool(cfg.metrics_key) and not key_ok(request, cfg.metrics_key)
         return bool(cfg.api_key) and not key_ok(request)
 
-    @app.middleware("http")
-    async def check_key_and_log(request: Request, call_next):
-        t0 = time.monotonic()
-        if refused_key(request):
-            response = error_response(APIError(401, "invalid or missing API key"))
-        else:
-            response = await call_next(request)
-        if not getattr(request.state, "logs_itself", False):
-            log.info("%s %s %d %.0fms", request.method, request.url.path, response.status_code,
-                     (time.monotonic() - t0) * 1000)
-        return response
+    app.add_middleware(KeyAndLog, refused=refused_key)
 
     def engine() -> EngineClient:
         e = state["engine"]
@@ -281,6 +298,8 @@ def create_app(cfg: ServerConfig) -> FastAPI:
 
     def check_ids(ids: list[int], param: str) -> None:
         n_vocab = state["tokenizer"].n_vocab
+        if not ids or (min(ids) >= 0 and max(ids) < n_vocab):       # C loops; the scan below names the bad one
+            return
         bad = next((t for t in ids if not 0 <= t < n_vocab), None)
         if bad is not None:
             raise APIError(400, f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})", param)
