@@ -30,6 +30,7 @@
 #                                         2,000-token system text (load_test.py --shared-prefix 2000), prefix
 #                                         caching on, then off (FLAGS to engine serve): TTFT;
 #                                         with it on, also one client at a time (the prefix cached, no burst)
+#                                         and the acceptance's burst: one request, then 32 at once (5 rounds)
 #   bash scripts/device.sh serve synth|smol [SECS]  serve_compare.sh on one model (1, 8, 32, 64 clients)
 #   bash scripts/device.sh bench [SECS]   synthetic 8B: engine core batched decode (raw and --scheduler) beside
 #                                         llama-batched-bench; then serve_compare.sh on the 8B and SmolLM2
@@ -216,6 +217,9 @@ prefix)         # smol|synth|MODEL [SECS] [on|off|on,off] [FLAGS]: the shared-sy
       echo "$(basename $m) prefix cache $cache ${flags[*]} $(python3 scripts/load_test.py --url http://127.0.0.1:8090 --clients $c \
         --seconds $secs --max-tokens 32 --shared-prefix 2000 2>&1 | tail -1)" | tee -a "$OUT/prefix.log"
     done
+    [ $cache = on ] && echo "$(basename $m) prefix cache on ${flags[*]} $(python3 scripts/load_test.py \
+      --url http://127.0.0.1:8090 --clients 32 --burst --rounds 5 --max-tokens 16 --shared-prefix 2000 2>&1 \
+      | tail -1)" | tee -a "$OUT/prefix.log"
     kill $ep; wait $ep 2>/dev/null
   done ;;
 depth)          # [DEPTHS]: tg128 of one sequence after N tokens (bench.py decode --npp N): the 8B at DEPTHS,

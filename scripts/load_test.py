@@ -5,7 +5,9 @@
         [--json-schema]
 
 --shared-prefix N starts every prompt with the same N-token system text (prefix caching: TTFT with it on and off;
-the mean of usage.prompt_tokens_details.cached_tokens is printed).
+the mean of usage.prompt_tokens_details.cached_tokens is printed). With --burst, instead of the timed load: one
+request, then --clients requests at once, --rounds times (each round new questions after the shared text): the TTFT
+of the requests after the first, the prefix computed once.
 
 --json-schema asks every request for structured output (response_format json_schema, RECORD_SCHEMA below; EOS is
 then honoured, so requests end where the JSON does): the serving cost of the grammar masks.
@@ -86,6 +88,43 @@ async def client_loop(url, deadline, args, stats, cid):
             i += 1
 
 
+async def stream_ttft(http, url, body, headers) -> tuple[float, int]:
+    """One streamed request: seconds to its first text, and its cached prompt tokens."""
+    t0, first, cached = time.perf_counter(), None, 0
+    async with http.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            obj = json.loads(line[6:])
+            if first is None and obj.get("choices") and obj["choices"][0].get("text"):
+                first = time.perf_counter() - t0
+            if obj.get("usage"):
+                cached = (obj["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return first, cached
+
+
+async def burst(args) -> None:
+    """--burst: per round, one request (it computes the shared text), then --clients requests at once."""
+    headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    ttfts, cached = [], []
+    async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=args.clients + 1)) as http:
+        for rnd in range(args.rounds):
+            def body(i):
+                question = f"Round {rnd} question {i}: in one short sentence, what is the meaning of the text above?"
+                return {"prompt": shared_prefix(args) + question, "max_tokens": args.max_tokens, "temperature": 0.0,
+                        "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
+            await stream_ttft(http, args.url, body(-1), headers)
+            for t, c in await asyncio.gather(*(stream_ttft(http, args.url, body(i), headers)
+                                               for i in range(args.clients))):
+                ttfts.append(t)
+                cached.append(c)
+    ms = np.array(ttfts) * 1000
+    print(f"burst of {args.clients} after one, {args.rounds} rounds: TTFT p50 {np.percentile(ms, 50):.0f} ms "
+          f"p90 {np.percentile(ms, 90):.0f} ms max {ms.max():.0f} ms, cached prompt tokens per request "
+          f"{np.mean(cached):.0f}")
+
+
 def shared_prefix(args):
     """The --shared-prefix system text (token ids with --token-prompts) every prompt starts with."""
     if args.token_prompts:
@@ -118,7 +157,13 @@ def main():
     ap.add_argument("--json-schema", action="store_true", help="structured output (RECORD_SCHEMA) on every request")
     ap.add_argument("--shared-prefix", type=int, default=0, metavar="N",
                     help="every prompt starts with the same N-token system text")
+    ap.add_argument("--burst", action="store_true",
+                    help="one request, then --clients at once, --rounds times: their TTFT (with --shared-prefix)")
+    ap.add_argument("--rounds", type=int, default=5, help="--burst rounds")
     args = ap.parse_args()
+    if args.burst:
+        asyncio.run(burst(args))
+        return
     procs = max(1, min(args.clients, args.procs or -(-args.clients // 16)))
     start = time.time() + SPAWN_S                      # every process starts its clients then
     deadline = start + args.seconds
