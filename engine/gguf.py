@@ -20,6 +20,7 @@ DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4
 
 # GGUF metadata value types: id -> (name, struct format or None)
+_U64 = struct.Struct("<Q")
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _NP_SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8",
                12: "<f8"}
@@ -67,7 +68,8 @@ class _Cursor:
     """Bounds-checked sequential reads from the mapped file."""
 
     def __init__(self, buf: np.ndarray, path: str):
-        self.buf, self.pos, self.path, self.size = buf, 0, path, len(buf)
+        self.buf, self.pos, self.path, self.size = memoryview(buf), 0, path, len(buf)   # slices of a memoryview are
+        # cheap; a memmap's build a numpy object each (a 262k-token vocabulary: seconds)
 
     def fail(self, what: str) -> GGUFError:
         return GGUFError(f"{self.path}: {what}")
@@ -75,7 +77,7 @@ class _Cursor:
     def take(self, n: int, what: str) -> memoryview:
         if n < 0 or self.pos + n > self.size:
             raise self.fail(f"truncated: {what} at byte {self.pos} needs {n} bytes, file has {self.size}")
-        view = memoryview(self.buf[self.pos:self.pos + n])
+        view = self.buf[self.pos:self.pos + n]
         self.pos += n
         return view
 
@@ -85,7 +87,25 @@ class _Cursor:
     def string(self, what: str) -> str:
         n = self.scalar("<Q", f"length of {what}")
         raw = self.take(n, what)
-        return bytes(raw).decode("utf-8", errors="replace")
+        return str(raw, "utf-8", "replace")
+
+    def strings(self, count: int, what: str) -> list[str]:
+        """count strings in a row (a vocabulary: 262k on Gemma 3), each as string() reads it, in one loop."""
+        buf, pos, size, length = self.buf, self.pos, self.size, _U64.unpack_from
+        out = []
+        for _ in range(count):
+            if pos + 8 > size:
+                self.pos = pos
+                self.take(8, f"length of {what}")           # raises: truncated
+            n = length(buf, pos)[0]
+            pos += 8
+            if pos + n > size:
+                self.pos = pos
+                self.take(n, what)                          # raises: truncated
+            out.append(str(buf[pos:pos + n], "utf-8", "replace"))
+            pos += n
+        self.pos = pos
+        return out
 
     def value(self, vtype: int, what: str) -> Any:
         if vtype in _SCALARS:
@@ -104,7 +124,7 @@ class _Cursor:
             if etype == T_STRING:
                 if count * 8 > self.size - self.pos:  # every string costs at least its 8-byte length
                     raise self.fail(f"{what}: array claims {count} strings, more than the file holds")
-                return [self.string(what) for _ in range(count)]
+                return self.strings(count, what)
             if etype == T_ARRAY:
                 if count > self.size - self.pos:
                     raise self.fail(f"{what}: array claims {count} nested arrays, more than the file holds")

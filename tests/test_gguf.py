@@ -78,3 +78,36 @@ def test_quoted_bounds_the_escaped_text():
         q = quoted(text)
         assert len(q) <= MAX_QUOTED + 3 and q.isprintable() and q.endswith("...")
     assert quoted("plain") == "plain" and quoted("a\nb") == "a\\nb"
+
+
+
+def string_array_file() -> bytes:
+    """A header of one metadata entry, a string array (as a vocabulary is), and no tensors."""
+    def text(t: bytes) -> bytes:
+        return struct.pack("<Q", len(t)) + t
+    words = [b"a", b"", "\u00e9t\u00e9".encode(), b"\xff\xfe", b"longer word"]
+    entry = text(b"tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, len(words)) + b"".join(map(text, words))
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + entry
+
+
+def test_string_arrays_read_and_every_cut_is_a_clear_error(tmp_path):
+    """The string-array loop: the strings (bad UTF-8 replaced), and at each cut of the file a GGUFError naming the
+    truncation, never another exception."""
+    data = string_array_file()
+    path = write(tmp_path, data)
+    assert GGUFFile(path).get("tokenizer.ggml.tokens") == ["a", "", "\u00e9t\u00e9", "\ufffd\ufffd", "longer word"]
+    for n in range(8, len(data)):
+        path.write_bytes(data[:n])
+        with pytest.raises(GGUFError, match="truncated|more than the file holds"):
+            GGUFFile(path)
+
+
+def test_every_cut_inside_the_header_is_a_clear_error(tmp_path):
+    """Cut at each byte of the metadata and the tensor table: a GGUFError (its message names the cut: truncated,
+    claims more than the file holds), never another exception."""
+    good, data_offset = build()
+    path = tmp_path / "cut.gguf"
+    for n in range(8, data_offset):
+        path.write_bytes(good[:n])
+        with pytest.raises(GGUFError):
+            GGUFFile(path)
