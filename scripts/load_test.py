@@ -111,7 +111,8 @@ async def burst(args) -> None:
     async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=args.clients + 1)) as http:
         for rnd in range(args.rounds):
             def body(i):
-                question = f"Round {rnd} question {i}: in one short sentence, what is the meaning of the text above?"
+                question = [5 + (rnd * 37 + i * 7 + j) % 50 for j in range(20)] if args.token_prompts else \
+                    f"Round {rnd} question {i}: in one short sentence, what is the meaning of the text above?"
                 return {"prompt": shared_prefix(args) + question, "max_tokens": args.max_tokens, "temperature": 0.0,
                         "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
             await stream_ttft(http, args.url, body(-1), headers)
