@@ -22,7 +22,7 @@ from pathlib import Path
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
 PREBUILT_DIR = Path(__file__).parent / "prebuilt"
-PREBUILT_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
+PREBUILT_ARCHS = ("sm_80", "sm_86", "sm_90")   # sm_89 (Ada) runs sm_86 cubins (prebuilt_arch); no kernel uses FP8
 FAMILIES = ("quantize", "dequantize", "mmvq", "mmvf", "mmq", "rms_norm", "rope", "attention",
             "attention_mma", "argmax", "sampling")
 # The quantized types the kernels take, as common.cuh numbers them (its `#define T_<type> <GGML type>` lines).
