@@ -80,7 +80,6 @@ def test_quoted_bounds_the_escaped_text():
     assert quoted("plain") == "plain" and quoted("a\nb") == "a\\nb"
 
 
-
 def string_array_file() -> bytes:
     """A header of one metadata entry, a string array (as a vocabulary is), and no tensors."""
     def text(t: bytes) -> bytes:
