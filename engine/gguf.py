@@ -85,12 +85,11 @@ class _Cursor:
         return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
 
     def string(self, what: str) -> str:
-        n = self.scalar("<Q", f"length of {what}")
-        raw = self.take(n, what)
-        return str(raw, "utf-8", "replace")
+        return self.strings(1, what)[0]
 
     def strings(self, count: int, what: str) -> list[str]:
-        """count strings in a row (a vocabulary: 262k on Gemma 3), each as string() reads it, in one loop."""
+        """count strings in a row, each its u64 length then UTF-8 bytes (bad bytes replaced); one loop for a
+        vocabulary's 262k (Gemma 3)."""
         buf, pos, size, length = self.buf, self.pos, self.size, _U64.unpack_from
         out = []
         for _ in range(count):
