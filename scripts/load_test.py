@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import sys
 import time
 
 import httpx
@@ -59,27 +60,15 @@ async def client_loop(url, deadline, args, stats, cid):
                 body["response_format"] = {"type": "json_schema",
                                            "json_schema": {"name": "record", "schema": RECORD_SCHEMA}}
             headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-            t0 = time.perf_counter()
-            times, used = [], None
             try:
-                async with http.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:
-                    if r.status_code != 200:
-                        stats["errors"] += 1
-                        await r.aread()
-                        continue
-                    async for line in r.aiter_lines():
-                        if not line.startswith("data: ") or line == "data: [DONE]":
-                            continue
-                        obj = json.loads(line[6:])
-                        if obj.get("choices") and obj["choices"][0].get("text"):
-                            times.append(time.perf_counter())
-                        if obj.get("usage"):
-                            used = obj["usage"].get("completion_tokens")
-                            details = obj["usage"].get("prompt_tokens_details") or {}
-                            stats["cached"] += details.get("cached_tokens") or 0
+                streamed = await stream_completion(http, url, body, headers)
             except httpx.HTTPError:
+                streamed = None
+            if streamed is None:
                 stats["errors"] += 1
                 continue
+            t0, times, used, cached = streamed
+            stats["cached"] += cached
             if times:
                 stats["ttft"].append(times[0] - t0)
                 stats["itl"].extend(np.diff(times).tolist())
@@ -88,20 +77,24 @@ async def client_loop(url, deadline, args, stats, cid):
             i += 1
 
 
-async def stream_ttft(http, url, body, headers) -> tuple[float, int]:
-    """One streamed request: seconds to its first text, and its cached prompt tokens."""
-    t0, first, cached = time.perf_counter(), None, 0
+async def stream_completion(http, url, body, headers):
+    """One streamed completion -> (its start, the perf_counter time of each text chunk, usage's completion tokens
+    (None without usage), its cached prompt tokens); None when the server answered with an error status."""
+    t0, times, used, cached = time.perf_counter(), [], None, 0
     async with http.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:
-        r.raise_for_status()
+        if r.status_code != 200:
+            await r.aread()
+            return None
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             obj = json.loads(line[6:])
-            if first is None and obj.get("choices") and obj["choices"][0].get("text"):
-                first = time.perf_counter() - t0
+            if obj.get("choices") and obj["choices"][0].get("text"):
+                times.append(time.perf_counter())
             if obj.get("usage"):
+                used = obj["usage"].get("completion_tokens")
                 cached = (obj["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    return first, cached
+    return t0, times, used, cached
 
 
 async def burst(args) -> None:
@@ -115,10 +108,13 @@ async def burst(args) -> None:
                     f"Round {rnd} question {i}: in one short sentence, what is the meaning of the text above?"
                 return {"prompt": shared_prefix(args) + question, "max_tokens": args.max_tokens, "temperature": 0.0,
                         "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
-            await stream_ttft(http, args.url, body(-1), headers)
-            for t, c in await asyncio.gather(*(stream_ttft(http, args.url, body(i), headers)
-                                               for i in range(args.clients))):
-                ttfts.append(t)
+            await stream_completion(http, args.url, body(-1), headers)
+            for streamed in await asyncio.gather(*(stream_completion(http, args.url, body(i), headers)
+                                                   for i in range(args.clients))):
+                if streamed is None or not streamed[1]:
+                    sys.exit("load_test.py --burst: a request failed or streamed no text")
+                t0, times, _, c = streamed
+                ttfts.append(times[0] - t0)
                 cached.append(c)
     ms = np.array(ttfts) * 1000
     print(f"burst of {args.clients} after one, {args.rounds} rounds: TTFT p50 {np.percentile(ms, 50):.0f} ms "
