@@ -21,7 +21,7 @@ the L2 cache:
   kernel_us the GPU time of the matmul kernel(s) alone: 10 back-to-back launches on preallocated buffers, divided by 10
 TOPS = 2*m*n*k / kernel_us; weight GB/s = weight bytes / kernel_us.
 --compare also times every quantized type on each path that can take n above 8 columns (MMVQ up to 16, MMQ from 16,
-dequantize+cuBLAS) at n = 9, 12, 16, ..., 512 (for dispatch.py's table). --ns replaces the column counts.
+mmq_f16, dequantize+cuBLAS) at n = 9, 12, 16, ..., 512 (for dispatch.py's table). --ns replaces the column counts.
 
 attention: Prefill attention on the GPU at the real models' shapes: one sequence, a ubatch of n tokens from position 0.
 
@@ -156,6 +156,10 @@ def kernel_only(path, w, x, out):
     if path == "mmq":
         qs, ds = launch.quantize_q8_1(x, (n + mmq_launch.MMQ_BN - 1) // mmq_launch.MMQ_BN * mmq_launch.MMQ_BN)
         return lambda wi: mmq_launch.mmq(wi, qs, ds, n, out)
+    if path == "mmq_f16":
+        from engine.cuda.mmq_f16 import mmq_f16
+        x16 = x.astype(cp.float16)
+        return lambda wi: mmq_f16(wi, x16, out)
     if path == "dequant":
         deq = cp.empty((w.m, w.k), cp.float16)
         x16 = x.astype(cp.float16)
@@ -256,7 +260,8 @@ def mul_mat_main(argv):
             x = cp.asarray(rng.standard_normal((n, K)).astype(np.float32))
             paths = [choose_path(w0, n)]
             if args.compare and info.quantized and n > 8:
-                paths = (["mmvq"] if n <= mmvq_launch.mmvq_max_cols(int(t)) else []) + (["mmq"] if n >= 16 else []) + ["dequant"]
+                paths = (["mmvq"] if n <= mmvq_launch.mmvq_max_cols(int(t)) else []) + (
+                    ["mmq"] if n >= 16 else []) + ["mmq_f16", "dequant"]
             out = cp.empty((n, M), cp.float32)
             for path in paths:
                 call_us = time_call(lambda i: mul_mat(ws[i % len(ws)], x, path=path), args.reps)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.cuda.config import CudaConfig  # noqa: E402
+from engine.cuda.config import MUL_MAT_PATHS, CudaConfig  # noqa: E402
 from engine.logprobs import compare, decode_logprobs, read_lp, top_k_logprobs, write_lp  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
 
@@ -40,10 +40,13 @@ def main(argv=None):
     ap.add_argument("--decode-activations", default="q8_1", choices=("q8_1", "q16"),
                     help="the CUDA decode path's activations (engine generate's flag)")
     ap.add_argument("--kv-type", default=None, choices=("f16", "q8_0"), help="the CPU backend's KV cache type")
+    ap.add_argument("--mul-mat-path", default=None, choices=MUL_MAT_PATHS,
+                    help="every CUDA mul_mat through this path where it can take the shape (engine generate's flag)")
     ap.add_argument("--out", help="write the engine's log-probs here")
     args = ap.parse_args(argv)
     tokens = [int(x) for x in Path(args.tokens).read_text().split()]
-    cuda = CudaConfig(exact_decode=args.decode_activations == "q16") if args.device == "cuda" else None
+    cuda = CudaConfig(exact_decode=args.decode_activations == "q16", mul_mat_path=args.mul_mat_path) \
+        if args.device == "cuda" else None
     rt = Runtime.load(args.model, device=args.device, exact=args.exact, n_ctx=max(len(tokens), 512),
                       n_ubatch=args.ubatch, cuda=cuda, kv_type=args.kv_type)
     t0 = time.perf_counter()
@@ -53,6 +56,8 @@ def main(argv=None):
               "seconds": round(time.perf_counter() - t0, 2)}
     if args.decode and args.device == "cuda":
         result["decode_activations"] = args.decode_activations
+    if args.mul_mat_path:
+        result["mul_mat_path"] = args.mul_mat_path
     if args.out:
         write_lp(args.out, top)
     if args.ref:

@@ -70,6 +70,12 @@ def test_launch_rules_read_the_kernels_constants():
     wide = 2 * v["MMVQT_WARPS"]                                     # 8 columns: twice the warps
     assert mmvq_launch.mmvqt_warps(8) == wide and mmvq_launch.mmvqt_warps(v["MMVQT_WIDE_FROM"] - 1) == v["MMVQT_WARPS"]
     assert [mmvq_launch.mmvq_rows(n) for n in (1, 2, 8)] == [v["MMVQ_ROWS_1"], v["MMVQ_ROWS_N"], v["MMVQ_ROWS_N"]]
+    from engine.cuda import mmq_f16
+    f = build.constants("mmq_f16")
+    for bn in build.MMQ_F16_BN:                  # the f16 weight tile, then per stage raw blocks and bn columns
+        stages = f[f"MF_STAGES_{bn}"]
+        layout = f["MF_BM"] * f["MF_LD"] * 2 + stages * (f["MF_BM"] * f["MF_RAW_LD"] + bn * f["MF_LD"] * 2)
+        assert mmq_f16.SMEM_BYTES[bn] == layout <= 227 * 1024, bn               # sm_90's most for one block
 
 
 def test_decode_attention_takes_tensor_cores_on_an_f16_cache():
@@ -134,7 +140,7 @@ def test_every_family_builds_for_every_architecture(prebuilt):
     holds every kernel the family lists, under the symbol the manifest gives."""
     folder, manifest = prebuilt
     for family in build.FAMILIES:
-        for arch in build.PREBUILT_ARCHS:
+        for arch in build.family_archs(family):
             table = aot.symbol_table(folder / f"{family}.{arch}.cubin", family)
             assert table == manifest[family]["symbols"]
             assert len(table) == len(build.name_expressions(family))

@@ -58,6 +58,16 @@ def random_weight(t, m, k, rng):
     return upload(t, (m, k), blocks), dequantize(blocks, t, (m, k)).astype(np.float64)
 
 
+# mmq_f16 makes each weight d * q + m in one f16 fma with d and m rounded to f16 (kernels/mmq_f16.cu): simulated on
+# Q4_K-like blocks, the products' nmse from exact weights is ~1e-7 (f16 weights rounded once from fp32: ~4e-8)
+MMQ_F16_NMSE = 5e-7
+
+
+def f16(a: np.ndarray) -> np.ndarray:
+    """a rounded to f16, in float64."""
+    return a.astype(np.float16).astype(np.float64)
+
+
 def nmse(y, ref):
     return float(np.sum((y - ref) ** 2) / np.sum(ref ** 2))
 
@@ -123,16 +133,20 @@ def test_mul_mat_quantized(t):
             x = rng.standard_normal((n, k)).astype(np.float32)
             _, xq = q8_1_ref(x)
             xd = cp.asarray(x)
-            paths = [None, "mmq", "dequant"] + (["mmvq"] if n <= mmvq_max_cols(int(t)) else [])
+            paths = [None, "mmq", "mmq_f16", "dequant"] + (["mmvq"] if n <= mmvq_max_cols(int(t)) else [])
             for path in paths:
                 with forced(exact_decode=exact):
                     out = cp.full((n, m), cp.nan, cp.float32)
                     y = mul_mat(w, xd, path=path, out=out).get()
                     taken = path or choose_path(w, n)
                     ref = (mmvq_activations_ref(x, t) if taken == "mmvq" else xq) @ wref.T
+                    if taken == "mmq_f16":
+                        ref = f16(x) @ wref.T
                     label = f"{t.name} m={m} k={k} n={n} path={taken}"
                     assert np.isfinite(y).all(), f"{label}: unwritten outputs"
-                    bound = 5e-4 if taken == "dequant" else 1e-8   # dequant rounds weights and activations to f16
+                    # dequant rounds weights and activations to f16; mmq_f16 the activations, and its weights come
+                    # from f16 arithmetic (MMQ_F16_NMSE)
+                    bound = {"dequant": 5e-4, "mmq_f16": MMQ_F16_NMSE}.get(taken, 1e-8)
                     assert nmse(y, ref) <= bound, f"{label}: nmse {nmse(y, ref):.3g}"
                     if taken == "mmvq" and takes_residual(int(t), n):     # 16-bit: near x itself (q8_1: ~1e-5)
                         assert nmse(y, x.astype(np.float64) @ wref.T) <= 1e-8, f"{label}: 16-bit activations"
@@ -171,6 +185,30 @@ def mmq_split_k_cases(t, q4k):
                 assert np.array_equal(y, mmq_launch.mmq(w, qs, ds, n).get()), (t.name, n, splits, "run to run")
             ys[splits] = y
         assert nmse(ys[3], ys[1]) <= 1e-12 and nmse(ys[16], ys[1]) <= 1e-12, (t.name, n)
+
+
+@pytest.mark.parametrize("t", QTYPES, ids=lambda t: t.name)
+def test_mmq_f16(t):
+    """mmq_f16 (raw blocks unpacked to f16 in shared memory, f16 tensor cores) at 9 to 4096 columns, partial row and
+    column tiles, k split over 1, 3 and 16 blocks (then added in order): against numpy on f16-rounded activations
+    and the exact weights (MMQ_F16_NMSE), every output written (NaN-poisoned), and the same bits on a second run."""
+    import cupy as cp
+    from engine.cuda.config import forced
+    from engine.cuda.mmq_f16 import mmq_f16
+    rng = np.random.default_rng()
+    m, k = (200, 4096) if TYPES[t].block_size == 256 else (200, 4064)     # 4064: a partial last stage of 256
+    w, wref = random_weight(t, m, k, rng)
+    for n in (9, 16, 17, 31, 64, 100, 128, 512, 1000, 4096):
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        x16 = cp.asarray(x.astype(np.float16))
+        ref = f16(x) @ wref.T
+        for splits in ((1, 3, 16) if n in (17, 100, 1000) else (None,)):
+            with forced(mmq_splits=splits):
+                y = mmq_f16(w, x16, cp.full((n, m), cp.nan, cp.float32)).get()
+                label = f"{t.name} n={n} splits={splits}"
+                assert np.isfinite(y).all(), f"{label}: unwritten outputs"
+                assert nmse(y, ref) <= MMQ_F16_NMSE, f"{label}: nmse {nmse(y, ref):.3g}"
+                assert np.array_equal(y, mmq_f16(w, x16).get()), f"{label}: run to run"
 
 
 @pytest.mark.parametrize("t", [GGMLType.F16, GGMLType.F32], ids=lambda t: t.name)

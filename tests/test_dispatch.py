@@ -17,13 +17,17 @@ def test_sm90_table():
     small, large = weight(GGMLType.Q4_K, 576, 1536), weight(GGMLType.Q4_K, 4096, 14336)
     for n in (1, 5, 8, 9, 16):
         assert choose_path(small, n, SM90) == "mmvq" and choose_path(large, n, SM90) == "mmvq"
-    for t in (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q3_K, GGMLType.Q6_K):  # split-k MMQ
-        assert [choose_path(weight(t, 4096, 14336), n, SM90) for n in (17, 64, 65, 512)] == ["mmq"] * 2 + ["dequant"] * 2
-    # Q4_K: mmvq_tc_q4_K up to 32 columns, then mmq_q4_K
-    assert [choose_path(large, n, SM90) for n in (17, 32, 33, 128, 129)] == ["mmvq"] * 2 + ["mmq"] * 2 + ["dequant"]
-    for t in (GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.Q2_K, GGMLType.Q5_K, GGMLType.IQ4_XS):  # MMQ slower, or none
-        assert choose_path(weight(t, 4096, 14336), 17, SM90) == "dequant"
-    assert choose_path(small, 17, SM90) == "mmvq" and choose_path(small, 512, SM90) == "dequant"
+    # Q4_K: mmvq_tc_q4_K up to 48 columns, mmq_q4_K to 64, mmq_f16 to 256; Q6_K: MMQ to 64, mmq_f16 to 128
+    assert [choose_path(large, n, SM90) for n in (17, 48, 49, 64, 65, 256, 257)] == \
+        ["mmvq"] * 2 + ["mmq"] * 2 + ["mmq_f16"] * 2 + ["dequant"]
+    assert [choose_path(weight(GGMLType.Q6_K, 4096, 14336), n, SM90) for n in (16, 17, 64, 65, 128, 129)] == \
+        ["mmvq"] + ["mmq"] * 2 + ["mmq_f16"] * 2 + ["dequant"]
+    for t in (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.Q5_K, GGMLType.IQ4_NL, GGMLType.IQ4_XS):
+        assert [choose_path(weight(t, 4096, 14336), n, SM90) for n in (16, 17, 256, 257)] == \
+            ["mmvq"] + ["mmq_f16"] * 2 + ["dequant"]
+    for t in (GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K):
+        assert [choose_path(weight(t, 4096, 14336), n, SM90) for n in (17, 128, 129)] == ["mmq_f16"] * 2 + ["dequant"]
+    assert choose_path(small, 512, SM90) == "dequant"
     assert choose_path(weight(GGMLType.IQ4_XS, 64, 256), 1, SM90) == "mmvq"
     f16 = weight(GGMLType.F16, 4096, 4096)
     assert choose_path(f16, 8, SM90) == "mmvf" and choose_path(f16, 9, SM90) == "cublas"
@@ -153,6 +157,17 @@ def test_mmq_split_rule():
         assert mmq_splits(200, 64, 4096, 132) == (3, 6)          # 16 stages: 6 + 6 + 4
     with forced(mmq_splits=1):
         assert mmq_splits(200, 64, 4096, 132) == (1, 16)
+
+
+def test_mmq_f16_launch_rule():
+    """mmq_f16 takes 64-column tiles up to 64 columns, 128 above, and splits k (stages of 128 values) where its tiles
+    are fewer than the SMs."""
+    from engine.cuda.mmq import mmq_splits
+    from engine.cuda.mmq_f16 import MF_BM, MF_KT, column_tile
+    assert [column_tile(n) for n in (1, 17, 64, 65, 128, 4096)] == [64, 64, 64, 128, 128, 128]
+    assert mmq_splits(4096, 64, 14336, 132, (MF_BM, 64, MF_KT)) == (4, 28)      # 32 tiles x 4 splits of 28 stages
+    assert mmq_splits(4096, 512, 14336, 132, (MF_BM, 128, MF_KT)) == (1, 112)   # 128 tiles: no split
+    assert mmq_splits(14336, 100, 4096, 132, (MF_BM, 128, MF_KT)) == (1, 32)
 
 
 def test_mmq_kernel_choice():

@@ -23,7 +23,9 @@ from pathlib import Path
 KERNEL_DIR = Path(__file__).parent / "kernels"
 PREBUILT_DIR = Path(__file__).parent / "prebuilt"
 PREBUILT_ARCHS = ("sm_80", "sm_86", "sm_90")   # sm_89 (Ada) runs sm_86 cubins (prebuilt_arch); no kernel uses FP8
-FAMILIES = ("quantize", "dequantize", "mmvq", "mmvf", "mmq", "rms_norm", "rope", "attention",
+FAMILY_ARCHS = {"mmq_f16": ("sm_90",)}   # families built for fewer architectures: mmq_f16's blocks take up to 226 KB
+                                         # of shared memory, which only sm_90 has (sm_80 163 KB, sm_86 / sm_89 99 KB)
+FAMILIES = ("quantize", "dequantize", "mmvq", "mmvf", "mmq", "mmq_f16", "rms_norm", "rope", "attention",
             "attention_mma", "argmax", "sampling")
 # The quantized types the kernels take, as common.cuh numbers them (its `#define T_<type> <GGML type>` lines).
 QTYPES = {name: int(v) for name, v in
@@ -31,6 +33,7 @@ QTYPES = {name: int(v) for name, v in
 COMPILE_OPTIONS = ("--std=c++17",)
 NVCC_OPTIONS = ("-ftz=true",)          # CuPy's NVRTC compiles with -ftz=true: the prebuilt cubins match its code
 PREFILL_HEAD_DIMS = (64, 128, 256)     # attention_prefill (attention.cu), attention_prefill_mma instantiations
+MMQ_F16_BN = (64, 128)                 # mmq_f16.cu's column tiles (mmq_f16.py takes it from here)
 TC_WIDE_NCOLS = (24, 32, 40, 48, 56, 64)   # mmvq.cu's mmvq_tc_q4_K past 16 columns (launch.py takes it from here)
 ATTENTION_HEAD_CHUNKS = (2, 4, 8)      # attention.cu's attention: head_dim / 32 up to this many
 DECODE_HEAD_DIMS = (64, 128, 256)      # attention.cu's attention_decode: head_dim padded to one of these
@@ -38,12 +41,18 @@ DECODE_GROUPS = (1, 2, 4, 8)           # ... and the query heads of a GQA group 
 DECODE_MMA_HEAD_DIMS = (64, 128, 256)  # attention.cu's attention_decode_mma (tensor cores): an f16 cache's head_dim
 NORM_VALUES = (2, 4, 8, 16)            # rms_norm.cu: the values a thread holds (rows up to 16 x 1024)
 TYPE_ALIASES = {"u16": "unsigned short"}     # common.cuh's typedefs as a demangled symbol spells them
-TYPED_KERNELS = ("mmvq", "mmvq_pieces", "mmq", "dequantize_f16", "dequantize_f32")   # first template argument: a type
+# kernels whose first template argument is a quantized type
+TYPED_KERNELS = ("mmvq", "mmvq_pieces", "mmq", "mmq_f16", "dequantize_f16", "dequantize_f32")
 Q4_K_KERNELS = ("mmvq_tc_q4_K", "mmvq_q4_K_pairs", "mmq_q4_K")                       # Q4_K's own
 
 
 class KernelBuildError(RuntimeError):
     pass
+
+
+def family_archs(family: str, archs=PREBUILT_ARCHS) -> tuple[str, ...]:
+    """The architectures of archs a family is built for ahead of time (FAMILY_ARCHS; else all)."""
+    return tuple(a for a in archs if a in FAMILY_ARCHS.get(family, archs))
 
 
 def expanded_source(family: str) -> str:
@@ -71,6 +80,8 @@ def name_expressions(family: str) -> list[str]:
                 for v in (vec, 1)]
     if family == "mmq":
         return [f"mmq<{t}>" for t in qtypes] + ["mmq_q4_K", "mmq_split_sum"]
+    if family == "mmq_f16":
+        return [f"mmq_f16<{t}, {bn}>" for t in qtypes for bn in MMQ_F16_BN]
     if family == "argmax":
         return ["argmax_rows"]
     if family == "sampling":

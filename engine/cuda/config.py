@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 from dataclasses import dataclass
 
-MUL_MAT_PATHS = ("mmvf", "cublas", "mmvq", "mmq", "dequant")
+MUL_MAT_PATHS = ("mmvf", "cublas", "mmvq", "mmq_f16", "mmq", "dequant")
 Q4_K_MMVQ_KERNELS = ("mmvq", "pairs", "pieces", "tc")
 
 

@@ -4,6 +4,7 @@
     float weights, n > 8           -> cuBLAS
     quantized, n <= mmvq_max(T)    -> MMVQ (weights read once per launch: all n for Q4_K, 8 columns for the others)
     quantized, n <= mmq_max(T)     -> MMQ (int8 tensor cores; split-k where its tiles are fewer than the SMs)
+    quantized, n <= mmq_f16_max(T) -> mmq_f16 (raw blocks unpacked to f16 in shared memory, f16 tensor cores)
     otherwise                      -> dequantize to f16 + cuBLAS
 
 In batch-invariant mode (CudaConfig.batch_invariant) every quantized type MMVQ knows takes MMVQ and every other
@@ -20,27 +21,36 @@ from ..quants import GGMLType
 from . import launch
 from . import mmvq as mmvq_launch
 from . import mmq as mmq_launch
+from . import mmq_f16 as mmq_f16_launch
 from .build import QTYPES
 from .config import MUL_MAT_PATHS, current
 from .weights import GPUWeight
 
-# Per compute capability: the largest column count MMVQ takes, and the largest MMQ takes above that (per type; types
-# not listed take the default). From `scripts/bench.py mul-mat --compare` at m = 4096, k = 14336 on the H200
-# (BENCHMARKS.md), kernel us at 16-64 columns, MMQ with split-k against dequantize+cuBLAS: q4_K (mmq_q4_K) 58-60 /
-# 117-121, q4_0 75-77 / 117-121, q5_0 81-83 / 118-122, q8_0 73-77 / 117-121, q3_K 86-87 / 107-109, q6_K 87-90 /
-# 114-116; q4_1, q5_1, q2_K, q5_K 125-137 / 113-128 (so dequantize+cuBLAS). At 128 columns only q4_K's MMQ wins
-# (110 / 122; the others 143-165 / 111-124), and at 256 none (q4_K 202 / 131; 382 / 161 at 512). MMQ multiplies
-# q8_1-rounded activations, as MMVQ does up to 16 columns; dequantize+cuBLAS keeps f16 activations for the long
-# prefill ubatches (where llama.cpp's MMQ costs a KL of 0.0157 from the exact model and this chain 0.00006).
-# Q4_K's tensor-core MMVQ (mmvq_tc_q4_K) past 16 columns, same shape (graph-timed): 21.7 / 29.8 / 36.7 / 57.6 /
-# 56.8 / 83.2 us at 16 / 24 / 32 / 40 / 48 / 64 against mmq_q4_K's 57.5-59.4, so MMVQ takes Q4_K up to 32.
-_MMQ_MAX_SM90 = {int(t): 64 for t in (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q3_K, GGMLType.Q6_K)}
-_MMQ_MAX_SM90[int(GGMLType.Q4_K)] = 128
+# Per compute capability: the largest column count MMVQ takes, then the largest MMQ takes, then the largest mmq_f16
+# takes (per type; types not listed take the default); dequantize + cuBLAS above. Measured on an H100 with
+# `scripts/bench.py mul-mat --compare --ns 16,32,48,64,96,128,192,256,512 --reps 10` at m = 4096, k = 14336
+# (BENCHMARKS.md, mmq-f16-h100-2026-12-06.txt), each n taking the fastest path with mmq_f16 (f16 activations, the
+# prefill path's rounding) counted 5 % faster than it is, kernel us at 16-64 / 128 / 256 / 512 columns:
+#   q4_K  MMVQ 26-86 (58 at 48), MMQ 55-57 / 102 / 191 / 360, mmq_f16 66-70 / 87 / 159 / 297,
+#         dequant 143 / 149 / 156 / 178
+#   q6_K  MMQ 86-87 / 165 / 315 / 629, mmq_f16 96 / 115 / 215 / 399, dequant 136 / 142 / 150 / 170
+#   q4_0  MMQ 72-73 / 137 / 260 / 512, mmq_f16 59-61 / 82 / 155 / 274, dequant 139 / 145 / 156 / 176
+#   q4_1, q5_1, q5_K, q2_K (no fast MMQ): mmq_f16 56-78 / 78-95 / 144-176 / 262-322 against MMQ 120-131 and dequant
+#   135-192; q8_0, q5_0, q3_K, iq4_nl, iq4_xs: mmq_f16 59-89 / 87-106 against MMQ 74-86 / 138-162.
+# mmq_f16 is bound by its unpacking at up to 64 columns (the same time from 16 to 64) and loses to dequantize +
+# cuBLAS from 192-512 columns, so the long prefill ubatches keep that path.
+_MMVQ_MAX_SM90 = {int(GGMLType.Q4_K): 48}
+_MMQ_MAX_SM90 = {int(GGMLType.Q4_K): 64, int(GGMLType.Q6_K): 64}
+_MMQ_F16_MAX_SM90 = {int(t): 256 for t in (GGMLType.Q4_K, GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.Q5_K, GGMLType.Q4_0,
+                                            GGMLType.IQ4_NL, GGMLType.IQ4_XS)}
+_MMQ_F16_DEFAULT_SM90 = 128
 THRESHOLDS = {
-    (9, 0): {"mmvq_max": {int(GGMLType.Q4_K): 32}, "mmvq_default": 16, "mmq_max": _MMQ_MAX_SM90, "mmq_default": 0},
+    (9, 0): {"mmvq_max": _MMVQ_MAX_SM90, "mmvq_default": 16, "mmq_f16_max": _MMQ_F16_MAX_SM90,
+             "mmq_f16_default": _MMQ_F16_DEFAULT_SM90, "mmq_max": _MMQ_MAX_SM90, "mmq_default": 0},
 }
 # Architectures not measured: no MMQ (its tiles take more shared memory per block than sm_86 / sm_89 have, 99 KB).
-OTHER_ARCH = {"mmvq_max": {}, "mmvq_default": 16, "mmq_max": {}, "mmq_default": 0}
+OTHER_ARCH = {"mmvq_max": {}, "mmvq_default": 16, "mmq_f16_max": {}, "mmq_f16_default": 0, "mmq_max": {},
+              "mmq_default": 0}
 PATHS = MUL_MAT_PATHS
 SUPPORTED_QTYPES = frozenset(QTYPES.values())
 
@@ -63,7 +73,9 @@ def choose_path(w: GPUWeight, n: int, arch: tuple[int, int] | None = None) -> st
     table = THRESHOLDS.get(arch or _arch(), OTHER_ARCH)
     if mmvq_launch.should_use_mmvq(w, n, table):
         return "mmvq"
-    return "mmq" if mmq_launch.should_use_mmq(w, n, table) else "dequant"
+    if mmq_launch.should_use_mmq(w, n, table):
+        return "mmq"
+    return "mmq_f16" if mmq_f16_launch.should_use_mmq_f16(w, n, table) else "dequant"
 
 
 def residual_rows(n: int) -> bool:
@@ -115,7 +127,9 @@ def resolve_path(w: GPUWeight, n: int, path: str | None = None) -> str:
     path = path or current().mul_mat_path or choose_path(w, n)
     if path == "mmvq" and n > mmvq_launch.mmvq_max_cols(int(w.type)):
         raise ValueError(f"MMVQ takes at most {mmvq_launch.mmvq_max_cols(int(w.type))} columns of this type")
-    if path in ("mmvq", "mmq") and not w.quantized:
+    if path == "mmq_f16" and _arch() != (9, 0):
+        raise ValueError("the mmq_f16 path needs sm_90's shared memory (216 KB a block)")
+    if path in ("mmvq", "mmq", "mmq_f16") and not w.quantized:
         path = "mmvf" if n <= 8 else "cublas"
     if path not in PATHS:
         raise ValueError(f"unknown mul_mat path {path!r} (one of {', '.join(PATHS)})")
@@ -137,6 +151,8 @@ def mul_mat(w: GPUWeight, x, path: str | None = None, out=None, acts: Activation
     if path == "mmvq":
         qs, ds, rs = _mmvq_activations(acts, x, int(w.type), n)
         return mmvq_launch.mmvq(w, qs, ds, n, out, rs)
+    if path == "mmq_f16":
+        return mmq_f16_launch.mmq_f16(w, acts.f16(x), out)
     if path == "mmq":
         qs, ds = acts.q8_1(x, mmq_launch.mmq_n_pad(n))
         return mmq_launch.mmq(w, qs, ds, n, out)

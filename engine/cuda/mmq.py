@@ -20,12 +20,13 @@ def should_use_mmq(w: GPUWeight, n: int, table: dict) -> bool:
     return n <= table["mmq_max"].get(int(w.type), table["mmq_default"])
 
 
-def mmq_splits(m: int, n_pad: int, k: int, slots: int) -> tuple[int, int]:
-    """(splits, stages per split) of MMQ's split-k: where the output tiles are fewer than the block slots (SMs x
-    blocks per SM), k's stages are cut into up to MMQ_MAX_SPLITS equal runs so that tiles x splits <= slots; none
-    empty; config.mmq_splits asks for a count (1: none)."""
-    stages = (k + MMQ_KT - 1) // MMQ_KT
-    tiles = (m + MMQ_BM - 1) // MMQ_BM * (n_pad // MMQ_BN)
+def mmq_splits(m: int, n: int, k: int, slots: int, tile: tuple[int, int, int] = (MMQ_BM, MMQ_BN, MMQ_KT)) \
+        -> tuple[int, int]:
+    """(splits, stages per split) of split-k for a kernel of (rows, columns, k-values) tiles (MMQ, mmq_f16): where the
+    output tiles are fewer than the block slots (SMs x blocks per SM), k's stages are cut into up to MMQ_MAX_SPLITS
+    equal runs so that tiles x splits <= slots; none empty; config.mmq_splits asks for a count (1: none)."""
+    stages = (k + tile[2] - 1) // tile[2]
+    tiles = (m + tile[0] - 1) // tile[0] * ((n + tile[1] - 1) // tile[1])
     forced = current().mmq_splits
     splits = max(1, min(stages, forced if forced else min(MMQ_MAX_SPLITS, slots // tiles)))
     per = (stages + splits - 1) // splits
@@ -59,11 +60,22 @@ def mmq_launch(fn, split_sum, smem: int, per_sm: int, w: GPUWeight, qs, ds, n: i
     assert n_pad % MMQ_BN == 0 and n <= n_pad
     y = out if out is not None else cp.empty((n, w.m), cp.float32)
     splits, per = mmq_splits(w.m, n_pad, w.k, launch._sm_count() * per_sm)
-    part = y if splits == 1 else cp.empty((splits, n, w.m), cp.float32)    # each split's partial y
     grid = ((w.m + MMQ_BM - 1) // MMQ_BM, n_pad // MMQ_BN, splits)
-    launch.with_smem(fn, smem)(grid, (256,), (w.data, qs, ds, part, np.int32(w.m), np.int32(n), np.int32(w.k),
-                                        np.int64(w.row_bytes), np.int32(per)), shared_mem=smem)
+    split_launch(fn, smem, grid, w, qs, ds, n, y, per, split_sum)
+    return y
+
+
+def split_launch(fn, smem: int, grid: tuple, w: GPUWeight, x, ds, n: int, y, per: int, split_sum=None) -> None:
+    """Launch an MMQ-style kernel (fn: block 256, smem bytes of shared memory; arguments w, x, [ds,] y, m, n, k,
+    row_bytes, stages per split; ds None for a kernel without activation scales) over grid = (row tiles, column
+    tiles, splits); with more than one split, each writes its partial y and mmq_split_sum adds them in order."""
+    cp = launch._cp()
+    splits = grid[2]
+    part = y if splits == 1 else cp.empty((splits, n, w.m), cp.float32)    # each split's partial y
+    args = (w.data, x) + ((ds,) if ds is not None else ()) + (
+        part, np.int32(w.m), np.int32(n), np.int32(w.k), np.int64(w.row_bytes), np.int32(per))
+    launch.with_smem(fn, smem)(grid, (256,), args, shared_mem=smem)
     if splits > 1:
         nm = n * w.m
-        split_sum(((nm + 255) // 256,), (256,), (part, y, np.int32(splits), np.int64(nm)))
-    return y
+        (split_sum or kernel("mmq", "mmq_split_sum"))(((nm + 255) // 256,), (256,),
+                                                      (part, y, np.int32(splits), np.int64(nm)))

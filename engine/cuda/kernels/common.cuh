@@ -110,10 +110,11 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // f16 tensor cores (attention): ldmatrix of four 8x8 b16 tiles (.trans: transposed) from shared memory; c[0..3] +=
 // A (16 x 16 f16, a[0..3]) * B (16 x 8 f16, b0, b1), fp32 accumulation (fragments as attention_mma.cu says);
 // two floats as an f16 pair (lo in the low half)
-__device__ __forceinline__ void ldsm_x4(u32 r[4], const u16* p) {
+__device__ __forceinline__ void ldsm_x4_at(u32 r[4], u32 addr) {     // at a shared-memory address (smem_addr)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
+__device__ __forceinline__ void ldsm_x4(u32 r[4], const u16* p) { ldsm_x4_at(r, smem_addr(p)); }
 __device__ __forceinline__ void ldsm_x4_trans(u32 r[4], const u16* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
@@ -125,6 +126,22 @@ __device__ __forceinline__ void mma_f16(float c[4], const u32 a[4], u32 b0, u32 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 __device__ __forceinline__ u32 pack_f16x2(float lo, float hi) { return (u32)f2h(lo) | ((u32)f2h(hi) << 16); }
+
+// Write a warp's 32 x 8NJ accumulator tile (mma C fragments: [row tile i][column tile j][l]) to y[col][row], rows
+// from r0 and columns from c0, those inside m x n.
+template <int NJ>
+__device__ __forceinline__ void mma_store_tile(const float (&acc)[2][NJ][4], float* __restrict__ y, int r0, int c0,
+                                               int g, int t, int m, int n) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+            for (int l = 0; l < 4; ++l) {
+                const int r = r0 + i * 16 + g + (l >> 1) * 8, cl = c0 + j * 8 + t * 2 + (l & 1);
+                if (r < m && cl < n) y[(long long)cl * m + r] = acc[i][j][l];
+            }
+}
 
 #define NEG_INF __int_as_float(0xff800000)
 

@@ -39,21 +39,6 @@ __device__ __forceinline__ void mma_k16(int c[4], int a0, int a1, int b0) {
                  : "r"(a0), "r"(a1), "r"(b0));
 }
 
-// Write a warp's 32 x 32 accumulator tile (mma C fragments: [row tile i][column tile j][l]) to y[col][row], rows
-// from r0 and columns from c0, those inside m x n.
-__device__ __forceinline__ void mmq_store_tile(const float (&acc)[2][4][4], float* __restrict__ y, int r0, int c0,
-                                               int g, int t, int m, int n) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int l = 0; l < 4; ++l) {
-                const int r = r0 + i * 16 + g + (l >> 1) * 8, cl = c0 + j * 8 + t * 2 + (l & 1);
-                if (r < m && cl < n) y[(long long)cl * m + r] = acc[i][j][l];
-            }
-}
-
 // Issue the copies of stage `st` (chunks st*MMQ_CH ...) into buffer `buf`.
 template <int T>
 __device__ __forceinline__ void mmq_load_stage(const u8* __restrict__ w, const signed char* __restrict__ qs,
@@ -211,7 +196,7 @@ mmq(const u8* __restrict__ w, const signed char* __restrict__ qs, const float2* 
         __syncthreads();
     }
 
-    mmq_store_tile(acc, y, row0 + wm, col0 + wn, g, t, m, n);
+    mma_store_tile(acc, y, row0 + wm, col0 + wn, g, t, m, n);
 }
 
 // ---- MMQ for Q4_K on its raw blocks (mmq_q4_K): same arguments, tiles, split-k and output as mmq<T_Q4_K>, but
@@ -360,7 +345,7 @@ mmq_q4_K(const u8* __restrict__ w, const signed char* __restrict__ qs, const flo
         __syncthreads();
     }
 
-    mmq_store_tile(acc, y, row0 + wm, col0 + wn, g, t, m, n);
+    mma_store_tile(acc, y, row0 + wm, col0 + wn, g, t, m, n);
 }
 
 // y[i] = part[0][i] + part[1][i] + ... (splits partials of n * m outputs each, added in that order)
