@@ -67,14 +67,15 @@ def load_cuda(path, kv_f32, **cuda):
 
 def test_the_cpu_rounds_each_weight_as_the_gpu_path_of_its_type(monkeypatch):
     """The reference the GPU is compared with rounds by the weight's type: at 32 rows Q4_K takes MMVQ (q8_1) but Q5_K
-    dequantize+cuBLAS (f16). Rounding every type by Q4_K's rule put the CPU 3e-4 (median) to 1.3e-2 (nmse, 30 random
+    mmq_f16 (f16), at 64 Q4_K MMQ (q8_1) but Q8_0 mmq_f16. Rounding every type by Q4_K's rule put the CPU 3e-4 (median) to 1.3e-2 (nmse, 30 random
     prompts) from itself on the tiny llama, which is what the q8_1 tests' failures measured."""
     from engine.cuda import dispatch
     from engine.quants import GGMLType
     monkeypatch.setattr(dispatch, "_arch", lambda: (9, 0))
     rounding = dispatch_rounding(None)
     assert rounding(32, GGMLType.Q4_K) == "q8_1" and rounding(32, GGMLType.Q5_K) == "f16"
-    assert rounding(64, GGMLType.Q8_0) == "q8_1" and rounding(65, GGMLType.Q8_0) == "f16"
+    assert rounding(64, GGMLType.Q4_K) == "q8_1" and rounding(65, GGMLType.Q4_K) == "f16"
+    assert rounding(16, GGMLType.Q8_0) == "q8_1" and rounding(17, GGMLType.Q8_0) == "f16"
     assert rounding(8, GGMLType.Q5_K) == "q8_1"
 
 
