@@ -196,7 +196,7 @@ def test_mmq_f16(t):
     from engine.cuda.config import forced
     from engine.cuda.mmq_f16 import mmq_f16
     rng = np.random.default_rng()
-    m, k = (200, 4096) if TYPES[t].block_size == 256 else (200, 4064)     # 4064: a partial last stage of 256
+    m, k = (200, 4096) if TYPES[t].block_size == 256 else (200, 4064)     # 4064: a partial last stage
     w, wref = random_weight(t, m, k, rng)
     for n in (9, 16, 17, 31, 64, 100, 128, 512, 1000, 4096):
         x = rng.standard_normal((n, k)).astype(np.float32)

@@ -48,7 +48,8 @@ THRESHOLDS = {
     (9, 0): {"mmvq_max": _MMVQ_MAX_SM90, "mmvq_default": 16, "mmq_f16_max": _MMQ_F16_MAX_SM90,
              "mmq_f16_default": _MMQ_F16_DEFAULT_SM90, "mmq_max": _MMQ_MAX_SM90, "mmq_default": 0},
 }
-# Architectures not measured: no MMQ (its tiles take more shared memory per block than sm_86 / sm_89 have, 99 KB).
+# Architectures not measured: no MMQ or mmq_f16 (their tiles take more shared memory per block than sm_86 / sm_89
+# have, 99 KB; mmq_f16 more than sm_80's 163 KB).
 OTHER_ARCH = {"mmvq_max": {}, "mmvq_default": 16, "mmq_f16_max": {}, "mmq_f16_default": 0, "mmq_max": {},
               "mmq_default": 0}
 PATHS = MUL_MAT_PATHS
@@ -128,7 +129,7 @@ def resolve_path(w: GPUWeight, n: int, path: str | None = None) -> str:
     if path == "mmvq" and n > mmvq_launch.mmvq_max_cols(int(w.type)):
         raise ValueError(f"MMVQ takes at most {mmvq_launch.mmvq_max_cols(int(w.type))} columns of this type")
     if path == "mmq_f16" and _arch() != (9, 0):
-        raise ValueError("the mmq_f16 path needs sm_90's shared memory (216 KB a block)")
+        raise ValueError("the mmq_f16 path needs sm_90's shared memory (up to 226 KB a block)")
     if path in ("mmvq", "mmq", "mmq_f16") and not w.quantized:
         path = "mmvf" if n <= 8 else "cublas"
     if path not in PATHS:
