@@ -37,8 +37,9 @@ from .weights import GPUWeight
 #   q4_0  MMQ 72-73 / 137 / 260 / 512, mmq_f16 59-61 / 82 / 155 / 274, dequant 139 / 145 / 156 / 176
 #   q4_1, q5_1, q5_K, q2_K (no fast MMQ): mmq_f16 56-78 / 78-95 / 144-176 / 262-322 against MMQ 120-131 and dequant
 #   135-192; q8_0, q5_0, q3_K, iq4_nl, iq4_xs: mmq_f16 59-89 / 87-106 against MMQ 74-86 / 138-162.
-# mmq_f16 is bound by its unpacking at up to 64 columns (the same time from 16 to 64) and loses to dequantize +
-# cuBLAS from 192-512 columns, so the long prefill ubatches keep that path.
+# At 16-64 columns these timings have a floor of 55-57 us (ten launches from Python: the host's launch rate), which
+# MMQ on q4_K and mmq_f16 on q4_0 / q4_1 sit on, so the choices there rest partly on floors; mmq_f16 loses to
+# dequantize + cuBLAS from 192-512 columns, so the long prefill ubatches keep that path.
 _MMVQ_MAX_SM90 = {int(GGMLType.Q4_K): 48}
 _MMQ_MAX_SM90 = {int(GGMLType.Q4_K): 64, int(GGMLType.Q6_K): 64}
 _MMQ_F16_MAX_SM90 = {int(t): 256 for t in (GGMLType.Q4_K, GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.Q5_K, GGMLType.Q4_0,
