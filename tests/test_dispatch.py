@@ -54,6 +54,17 @@ def test_forced_paths():
         CudaConfig(mmvq_q4_K="mma")
 
 
+def test_mmq_f16_refused_off_sm90(monkeypatch):
+    """A forced mmq_f16 on an architecture it is not built for is a clear error, not a failed launch."""
+    from engine.cuda import dispatch
+    w = weight(GGMLType.Q4_K, 4096, 4096)
+    monkeypatch.setattr(dispatch, "_arch", lambda: (8, 6))
+    with pytest.raises(ValueError, match="mmq_f16 path runs on sm_90 only"):
+        resolve_path(w, 20, "mmq_f16")
+    monkeypatch.setattr(dispatch, "_arch", lambda: (9, 0))
+    assert resolve_path(w, 20, "mmq_f16") == "mmq_f16"
+
+
 def test_activation_forms_follow_the_last_array():
     """A kernel's q8_1 output is reused for the same array only; another array starts afresh."""
     acts, x, y = Activations(), object(), object()

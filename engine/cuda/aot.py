@@ -100,14 +100,14 @@ def build_all(out: Path = build.PREBUILT_DIR, archs=build.PREBUILT_ARCHS, jobs: 
     for old in out.glob("*.cubin"):
         old.unlink()
     # the largest families first, so the pool ends together
-    todo = sorted(((f, a) for f in build.FAMILIES for a in build.family_archs(f, archs)),
+    built = {f: build.family_archs(f, archs) for f in build.FAMILIES}
+    todo = sorted(((f, a) for f in build.FAMILIES for a in built[f]),
                   key=lambda fa: -len(build.name_expressions(fa[0])))
     start = time.time()
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(jobs or os.cpu_count() or 1) as pool:
         cubins = dict(zip(todo, pool.map(lambda fa: compile_family(nvcc, *fa, out, Path(tmp)), todo)))
-    manifest = {f: {"key": build.source_key(f), "archs": list(build.family_archs(f, archs)),
-                    "symbols": symbol_table(cubins[(f, build.family_archs(f, archs)[0])], f)}
-                for f in build.FAMILIES if build.family_archs(f, archs)}
+    manifest = {f: {"key": build.source_key(f), "archs": list(built[f]),
+                    "symbols": symbol_table(cubins[(f, built[f][0])], f)} for f in build.FAMILIES if built[f]}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
     log(f"engine: built {len(todo)} CUDA kernel binaries ({', '.join(archs)}) in {time.time() - start:.0f} s")
     return manifest

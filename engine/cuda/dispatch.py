@@ -22,7 +22,7 @@ from . import launch
 from . import mmvq as mmvq_launch
 from . import mmq as mmq_launch
 from . import mmq_f16 as mmq_f16_launch
-from .build import QTYPES
+from .build import FAMILY_ARCHS, QTYPES
 from .config import MUL_MAT_PATHS, current
 from .weights import GPUWeight
 
@@ -129,8 +129,9 @@ def resolve_path(w: GPUWeight, n: int, path: str | None = None) -> str:
     path = path or current().mul_mat_path or choose_path(w, n)
     if path == "mmvq" and n > mmvq_launch.mmvq_max_cols(int(w.type)):
         raise ValueError(f"MMVQ takes at most {mmvq_launch.mmvq_max_cols(int(w.type))} columns of this type")
-    if path == "mmq_f16" and _arch() != (9, 0):
-        raise ValueError("the mmq_f16 path needs sm_90's shared memory (up to 226 KB a block)")
+    if path == "mmq_f16" and "sm_%d%d" % _arch() not in FAMILY_ARCHS["mmq_f16"]:
+        raise ValueError(f"the mmq_f16 path runs on {', '.join(FAMILY_ARCHS['mmq_f16'])} only (its shared memory: "
+                         f"up to {max(mmq_f16_launch.SMEM_BYTES.values()) // 1024} KB a block)")
     if path in ("mmvq", "mmq", "mmq_f16") and not w.quantized:
         path = "mmvf" if n <= 8 else "cublas"
     if path not in PATHS:
