@@ -236,8 +236,8 @@ def mul_mat_main(argv):
     ap.add_argument("--decode-activations", default="q8_1", choices=("q8_1", "q16"),
                     help="one-column MMVQ on q8_1 activations (the default) or 16-bit ones")
     ap.add_argument("--graph", action="store_true",
-                    help="MMVQ kernel times from a CUDA graph of 20 launches (no host time between launches, which "
-                         "10 back-to-back launches from Python leave where a kernel is shorter than its launch)")
+                    help="kernel times from a CUDA graph of 20 calls (no host time between launches, which 10 "
+                         "back-to-back calls from Python leave where a kernel is shorter than its launch)")
     args = ap.parse_args(argv)
     configure(CudaConfig(exact_decode=args.decode_activations == "q16"))
     rng = np.random.default_rng(0)
@@ -259,14 +259,13 @@ def mul_mat_main(argv):
         for n in sorted(ns):
             x = cp.asarray(rng.standard_normal((n, K)).astype(np.float32))
             paths = [choose_path(w0, n)]
-            if args.compare and info.quantized and n > 8:
+            if args.compare and info.quantized:
                 paths = (["mmvq"] if n <= mmvq_launch.mmvq_max_cols(int(t)) else []) + (
-                    ["mmq"] if n >= 16 else []) + ["mmq_f16", "dequant"]
+                    ["mmq"] if n >= 16 else []) + ["mmq_f16"] + (["dequant"] if n >= 16 else [])
             out = cp.empty((n, M), cp.float32)
             for path in paths:
                 call_us = time_call(lambda i: mul_mat(ws[i % len(ws)], x, path=path), args.reps)
-                timer = time_graph if args.graph and path == "mmvq" else time_batched
-                us = timer(kernel_only(path, w0, x, out), ws, args.reps)
+                us = (time_graph if args.graph else time_batched)(kernel_only(path, w0, x, out), ws, args.reps)
                 rows.append((name, n, path, call_us, us, w0.nbytes / (us * 1e-6) / 1e9,
                              2 * M * n * K / (us * 1e-6) / 1e12))
         del ws, w0

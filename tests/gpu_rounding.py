@@ -19,19 +19,19 @@ from test_cuda_kernels import q8_1_ref, q16_ref
 
 
 def dispatch_rounding(path: str | None):
-    """(n, t) -> 'q8_1', 'q16' or 'f16': the rounding of an n-row mul_mat of a weight of GGML type t on the given path
-    (None: the path the dispatch chain chooses for that type on this GPU; a float weight always multiplies f32
-    activations, 'f32')."""
+    """(n, t, (m, k)) -> 'q8_1', 'q16' or 'f16': the rounding of an n-row mul_mat of an m x k weight of GGML type t on
+    the given path (None: the path the dispatch chain chooses for that weight on this GPU; a float weight always
+    multiplies f32 activations, 'f32')."""
     from engine.cuda import dispatch, mmvq
     if path == "mmq":
-        return lambda n, t: "q8_1"
+        return lambda n, t, shape: "q8_1"
     if path == "mmvq":
-        return lambda n, t: "q16" if dispatch.residual_rows(n) else "q8_1"
+        return lambda n, t, shape: "q16" if dispatch.residual_rows(n) else "q8_1"
     if path == "dequant":
-        return lambda n, t: "f16"
+        return lambda n, t, shape: "f16"
 
-    def chosen(n, t):
-        w = SimpleNamespace(quantized=True, type=t)
+    def chosen(n, t, shape):
+        w = SimpleNamespace(quantized=True, type=t, m=shape[0], k=shape[1])
         path = dispatch.choose_path(w, n)
         if path == "mmvq":
             return "q16" if mmvq.takes_residual(int(t), n) else "q8_1"
@@ -40,7 +40,7 @@ def dispatch_rounding(path: str | None):
 
 
 def round_like_gpu(monkeypatch, rounding, kv_f16: bool) -> None:
-    """CPU mul_mats round their inputs as rounding(n, the weight's type) says (in float64 after); float weights take
+    """CPU mul_mats round their inputs as rounding(n, the weight's type, its shape) says (in float64 after); float weights take
     the CPU's own product; kv_f16: an f16 KV cache."""
     types: dict[int, GGMLType] = {}                 # id of a loaded weight -> its GGML type
     weight = cpu_backend.CPUBackend.weight
@@ -54,7 +54,7 @@ def round_like_gpu(monkeypatch, rounding, kv_f16: bool) -> None:
         t = types[id(w)]
         if t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
             return x @ w.T
-        rounding_ = rounding(x.shape[0], t)
+        rounding_ = rounding(x.shape[0], t, w.shape)
         if rounding_ == "f16":
             y = x.astype(np.float16).astype(np.float64) @ w.astype(np.float16).astype(np.float64).T
         elif rounding_ == "q16":

@@ -76,6 +76,16 @@ def test_launch_rules_read_the_kernels_constants():
         stages = f[f"MF_STAGES_{bn}"]
         layout = f["MF_BM"] * f["MF_LD"] * 2 + stages * (f["MF_BM"] * f["MF_RAW_LD"] + bn * f["MF_LD"] * 2)
         assert mmq_f16.SMEM_BYTES[bn] == layout <= 227 * 1024, bn               # sm_90's most for one block
+    for t in build.QTYPES.values():              # mmq_f16_small: per stage 128 rows' raw units, then the activations
+        qk, nbytes = build.QTRAITS[t]
+        unit = nbytes * max(qk, 256) // qk                           # bytes of a stage's 256 values
+        for nb in build.MMQ_F16_SMALL_NB:
+            stages, stage = build.mmq_f16_small_stages(t, nb)
+            raw_ld, rest = divmod(stage - 8 * nb * f["MFS_XCOL"], f["MF_BM"])
+            assert rest == 0 and raw_ld % 16 == 0 and unit + 15 <= raw_ld <= unit + 30, (t, nb)   # 16-byte lines
+            smem = mmq_f16.small_smem_bytes(t, nb)
+            assert 2 <= stages <= f["MFS_STAGES_MAX"] and smem == stages * stage
+            assert smem <= (113 if nb <= f["MFS_PAIR_NB"] else 227) * 1024, (t, nb)
 
 
 def test_decode_attention_takes_tensor_cores_on_an_f16_cache():

@@ -189,20 +189,21 @@ def mmq_split_k_cases(t, q4k):
 
 @pytest.mark.parametrize("t", QTYPES, ids=lambda t: t.name)
 def test_mmq_f16(t):
-    """mmq_f16 (raw blocks unpacked to f16 in shared memory, f16 tensor cores) at 9 to 4096 columns, partial row and
-    column tiles, k split over 1, 3 and 16 blocks (then added in order): against numpy on f16-rounded activations
-    and the exact weights (MMQ_F16_NMSE), every output written (NaN-poisoned), and the same bits on a second run."""
+    """mmq_f16 (raw blocks on f16 tensor cores: mmq_f16_small unpacking them in registers up to 64 columns, mmq_f16
+    to an f16 tile in shared memory above) at 1 to 4096 columns, partial row and column tiles, k split over 1, 3 and
+    16 blocks (then added in order): against numpy on f16-rounded activations and the exact weights (MMQ_F16_NMSE),
+    every output written (NaN-poisoned), and the same bits on a second run."""
     import cupy as cp
     from engine.cuda.config import forced
     from engine.cuda.mmq_f16 import mmq_f16
     rng = np.random.default_rng()
     m, k = (200, 4096) if TYPES[t].block_size == 256 else (200, 4064)     # 4064: a partial last stage
     w, wref = random_weight(t, m, k, rng)
-    for n in (9, 16, 17, 31, 64, 100, 128, 512, 1000, 4096):
+    for n in (1, 3, 8, 9, 16, 17, 31, 33, 64, 100, 128, 512, 1000, 4096):
         x = rng.standard_normal((n, k)).astype(np.float32)
         x16 = cp.asarray(x.astype(np.float16))
         ref = f16(x) @ wref.T
-        for splits in ((1, 3, 16) if n in (17, 100, 1000) else (None,)):
+        for splits in ((1, 3, 16) if n in (3, 17, 33, 100, 1000) else (None,)):
             with forced(mmq_splits=splits):
                 y = mmq_f16(w, x16, cp.full((n, m), cp.nan, cp.float32)).get()
                 label = f"{t.name} n={n} splits={splits}"

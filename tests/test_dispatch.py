@@ -14,24 +14,43 @@ def weight(t, m, k):
 
 
 def test_sm90_table():
+    """Matrices of fewer than mmq_f16.SMALL_MIN_WEIGHTS weights take THRESHOLDS, larger ones THRESHOLDS_LARGE (where
+    mmq_f16 runs mmq_f16_small up to 64 columns)."""
+    from engine.cuda.mmq_f16 import SMALL_MIN_WEIGHTS
     small, large = weight(GGMLType.Q4_K, 576, 1536), weight(GGMLType.Q4_K, 4096, 14336)
-    for n in (1, 5, 8, 9, 16):
-        assert choose_path(small, n, SM90) == "mmvq" and choose_path(large, n, SM90) == "mmvq"
-    # Q4_K: mmvq_tc_q4_K up to 48 columns, mmq_q4_K to 64, mmq_f16 to 256; Q6_K: MMQ to 64, mmq_f16 to 128
-    assert [choose_path(large, n, SM90) for n in (17, 48, 49, 64, 65, 256, 257)] == \
-        ["mmvq"] * 2 + ["mmq"] * 2 + ["mmq_f16"] * 2 + ["dequant"]
-    assert [choose_path(weight(GGMLType.Q6_K, 4096, 14336), n, SM90) for n in (16, 17, 64, 65, 128, 129)] == \
+    assert 576 * 1536 < SMALL_MIN_WEIGHTS <= 4096 * 4096 <= 4096 * 14336
+    # small Q4_K: mmvq_tc_q4_K up to 48 columns, mmq_q4_K to 64, mmq_f16 to 256; Q6_K: MMQ to 64, mmq_f16 to 128
+    assert [choose_path(small, n, SM90) for n in (1, 16, 17, 48, 49, 64, 65, 256, 257)] == \
+        ["mmvq"] * 4 + ["mmq"] * 2 + ["mmq_f16"] * 2 + ["dequant"]
+    assert [choose_path(weight(GGMLType.Q6_K, 576, 1536), n, SM90) for n in (16, 17, 64, 65, 128, 129)] == \
         ["mmvq"] + ["mmq"] * 2 + ["mmq_f16"] * 2 + ["dequant"]
     for t in (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.Q5_K, GGMLType.IQ4_NL, GGMLType.IQ4_XS):
-        assert [choose_path(weight(t, 4096, 14336), n, SM90) for n in (16, 17, 256, 257)] == \
+        assert [choose_path(weight(t, 576, 1536), n, SM90) for n in (16, 17, 256, 257)] == \
             ["mmvq"] + ["mmq_f16"] * 2 + ["dequant"]
-    for t in (GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K):
-        assert [choose_path(weight(t, 4096, 14336), n, SM90) for n in (17, 128, 129)] == ["mmq_f16"] * 2 + ["dequant"]
+    # large Q4_K: MMVQ up to 16 columns, mmq_f16 to 128; Q6_K: MMVQ to 4, mmq_f16 to 128; no MMQ
+    assert [choose_path(large, n, SM90) for n in (1, 16, 17, 64, 128, 129)] == \
+        ["mmvq"] * 2 + ["mmq_f16"] * 3 + ["dequant"]
+    assert [choose_path(weight(GGMLType.Q6_K, 4096, 4096), n, SM90) for n in (4, 5, 64, 128, 129)] == \
+        ["mmvq"] + ["mmq_f16"] * 3 + ["dequant"]
+    for t in (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K, GGMLType.IQ4_NL):
+        assert [choose_path(weight(t, 4096, 14336), n, SM90) for n in (4, 5, 256, 257)] == \
+            ["mmvq"] + ["mmq_f16"] * 2 + ["dequant"]
+    for t in (GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_XS):
+        assert [choose_path(weight(t, 4096, 14336), n, SM90) for n in (9, 128, 129)] == ["mmq_f16"] * 2 + ["dequant"]
     assert choose_path(small, 512, SM90) == "dequant"
     assert choose_path(weight(GGMLType.IQ4_XS, 64, 256), 1, SM90) == "mmvq"
     f16 = weight(GGMLType.F16, 4096, 4096)
     assert choose_path(f16, 8, SM90) == "mmvf" and choose_path(f16, 9, SM90) == "cublas"
     assert choose_path(large, 16, (8, 9)) == "mmvq" and choose_path(large, 17, (8, 9)) == "dequant"   # not measured
+
+
+def test_mmq_f16_small_takes_large_matrices():
+    """mmq_f16 runs mmq_f16_small up to 64 columns of a matrix of at least SMALL_MIN_WEIGHTS weights, else its tiles."""
+    from engine.cuda.mmq_f16 import SMALL_MIN_WEIGHTS, takes_small
+    big, small = weight(GGMLType.Q4_K, 4096, 4096), weight(GGMLType.Q4_K, 576, 1536)
+    assert 576 * 1536 < SMALL_MIN_WEIGHTS <= 4096 * 4096
+    assert takes_small(big, 1) and takes_small(big, 64) and not takes_small(big, 65)
+    assert not takes_small(small, 1) and not takes_small(small, 64)
 
 
 def test_forced_paths():
@@ -171,10 +190,14 @@ def test_mmq_split_rule():
 
 
 def test_mmq_f16_launch_rule():
-    """mmq_f16 takes 64-column tiles up to 64 columns, 128 above, and splits k (stages of 128 values) where its tiles
-    are fewer than the SMs."""
+    """mmq_f16_small takes up to 64 columns in the fewest of 1, 2, 4 or 8 B tiles of 8; mmq_f16 64-column tiles up to
+    64 columns, 128 above; both split k where their tiles are fewer than the block slots."""
     from engine.cuda.mmq import mmq_splits
-    from engine.cuda.mmq_f16 import MF_BM, MF_KT, column_tile
+    from engine.cuda.mmq_f16 import MF_BM, MF_KT, MFS_KT, SMALL_MAX_COLS, column_tile, small_tiles
+    assert SMALL_MAX_COLS == 64
+    assert [small_tiles(n) for n in (1, 8, 9, 16, 17, 32, 33, 64)] == [1, 1, 2, 2, 4, 4, 8, 8]
+    assert mmq_splits(4096, 32, 14336, 132, (MF_BM, 32, MFS_KT)) == (4, 14)     # 32 tiles x 4 splits of 14 stages
+    assert mmq_splits(14336, 16, 4096, 264, (MF_BM, 16, MFS_KT)) == (2, 8)      # two blocks an SM at <= 16 columns
     assert [column_tile(n) for n in (1, 17, 64, 65, 128, 4096)] == [64, 64, 64, 128, 128, 128]
     assert mmq_splits(4096, 64, 14336, 132, (MF_BM, 64, MF_KT)) == (4, 28)      # 32 tiles x 4 splits of 28 stages
     assert mmq_splits(4096, 512, 14336, 132, (MF_BM, 128, MF_KT)) == (1, 112)   # 128 tiles: no split

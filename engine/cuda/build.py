@@ -27,13 +27,17 @@ FAMILY_ARCHS = {"mmq_f16": ("sm_90",)}   # families built for fewer architecture
                                          # of shared memory, which only sm_90 has (sm_80 163 KB, sm_86 / sm_89 99 KB)
 FAMILIES = ("quantize", "dequantize", "mmvq", "mmvf", "mmq", "mmq_f16", "rms_norm", "rope", "attention",
             "attention_mma", "argmax", "sampling")
-# The quantized types the kernels take, as common.cuh numbers them (its `#define T_<type> <GGML type>` lines).
-QTYPES = {name: int(v) for name, v in
-          re.findall(r"^#define (T_\w+) (\d+)", (KERNEL_DIR / "common.cuh").read_text(), re.M)}
+# The quantized types the kernels take, as common.cuh numbers them (its `#define T_<type> <GGML type>` lines), and
+# their blocks' (values, bytes) (its TypeTraits: `TRAITS(T_<type>, values, bytes, ...)`).
+_COMMON = (KERNEL_DIR / "common.cuh").read_text()
+QTYPES = {name: int(v) for name, v in re.findall(r"^#define (T_\w+) (\d+)", _COMMON, re.M)}
+QTRAITS = {QTYPES[name]: (int(qk), int(nbytes))
+           for name, qk, nbytes in re.findall(r"^TRAITS\((T_\w+), (\d+), (\d+),", _COMMON, re.M)}
 COMPILE_OPTIONS = ("--std=c++17",)
 NVCC_OPTIONS = ("-ftz=true",)          # CuPy's NVRTC compiles with -ftz=true: the prebuilt cubins match its code
 PREFILL_HEAD_DIMS = (64, 128, 256)     # attention_prefill (attention.cu), attention_prefill_mma instantiations
 MMQ_F16_BN = (64, 128)                 # mmq_f16.cu's column tiles (mmq_f16.py takes it from here)
+MMQ_F16_SMALL_NB = (1, 2, 4, 8)        # mmq_f16.cu's mmq_f16_small: its 8-column B tiles (up to 64 columns)
 TC_WIDE_NCOLS = (24, 32, 40, 48, 56, 64)   # mmvq.cu's mmvq_tc_q4_K past 16 columns (launch.py takes it from here)
 ATTENTION_HEAD_CHUNKS = (2, 4, 8)      # attention.cu's attention: head_dim / 32 up to this many
 DECODE_HEAD_DIMS = (64, 128, 256)      # attention.cu's attention_decode: head_dim padded to one of these
@@ -81,7 +85,8 @@ def name_expressions(family: str) -> list[str]:
     if family == "mmq":
         return [f"mmq<{t}>" for t in qtypes] + ["mmq_q4_K", "mmq_split_sum"]
     if family == "mmq_f16":
-        return [f"mmq_f16<{t}, {bn}>" for t in qtypes for bn in MMQ_F16_BN]
+        return [f"mmq_f16<{t}, {bn}>" for t in qtypes for bn in MMQ_F16_BN] + [
+            f"mmq_f16_small<{t}, {nb}, {mmq_f16_small_stages(t, nb)[0]}>" for t in qtypes for nb in MMQ_F16_SMALL_NB]
     if family == "argmax":
         return ["argmax_rows"]
     if family == "sampling":
@@ -101,6 +106,17 @@ def name_expressions(family: str) -> list[str]:
     if family == "attention_mma":
         return [f"attention_prefill_mma<{d}>" for d in PREFILL_HEAD_DIMS]
     raise KeyError(family)
+
+
+def mmq_f16_small_stages(t: int, nb: int) -> tuple[int, int]:
+    """(stage buffers, bytes per stage) of mmq_f16.cu's mmq_f16_small for type t and nb B tiles (its MfsStage): as
+    many stages as the shared memory of one block per SM holds (two at nb <= MFS_PAIR_NB), MFS_STAGES_MAX at most."""
+    f = constants("mmq_f16")
+    qk, nbytes = QTRAITS[t]
+    unit = nbytes * max(qk, f["MFS_KT"]) // qk                    # MfUnit<T, MFS_KT>::bytes
+    stage = f["MF_BM"] * ((unit + 30) // 16 * 16) + 8 * nb * f["MFS_XCOL"]   # MfsStage<T, NB>::bytes
+    cap = f["MFS_SMEM_PAIR"] if nb <= f["MFS_PAIR_NB"] else f["MFS_SMEM_ONE"]
+    return min(f["MFS_STAGES_MAX"], cap // stage), stage
 
 
 def canonical_name(name: str) -> str:

@@ -4,7 +4,9 @@
     float weights, n > 8           -> cuBLAS
     quantized, n <= mmvq_max(T)    -> MMVQ (weights read once per launch: all n for Q4_K, 8 columns for the others)
     quantized, n <= mmq_max(T)     -> MMQ (int8 tensor cores; split-k where its tiles are fewer than the SMs)
-    quantized, n <= mmq_f16_max(T) -> mmq_f16 (raw blocks unpacked to f16 in shared memory, f16 tensor cores)
+    quantized, n <= mmq_f16_max(T) -> mmq_f16 (raw blocks unpacked to f16 on f16 tensor cores: in registers up to 64
+                                      columns where a launch reads >= mmq_f16.SMALL_MIN_WEIGHTS weights, with a
+                                      table of its own, else in shared memory)
     otherwise                      -> dequantize to f16 + cuBLAS
 
 In batch-invariant mode (CudaConfig.batch_invariant) every quantized type MMVQ knows takes MMVQ and every other
@@ -39,7 +41,8 @@ from .weights import GPUWeight
 #   135-192; q8_0, q5_0, q3_K, iq4_nl, iq4_xs: mmq_f16 59-89 / 87-106 against MMQ 74-86 / 138-162.
 # At 16-64 columns these timings have a floor of 55-57 us (ten launches from Python: the host's launch rate), which
 # MMQ on q4_K and mmq_f16 on q4_0 / q4_1 sit on, so the choices there rest partly on floors; mmq_f16 loses to
-# dequantize + cuBLAS from 192-512 columns, so the long prefill ubatches keep that path.
+# dequantize + cuBLAS from 192-512 columns, so the long prefill ubatches keep that path. This table serves launches
+# reading fewer than mmq_f16.SMALL_MIN_WEIGHTS weights, where mmq_f16 runs its 64- / 128-column tiles.
 _MMVQ_MAX_SM90 = {int(GGMLType.Q4_K): 48}
 _MMQ_MAX_SM90 = {int(GGMLType.Q4_K): 64, int(GGMLType.Q6_K): 64}
 _MMQ_F16_MAX_SM90 = {int(t): 256 for t in (GGMLType.Q4_K, GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.Q5_K, GGMLType.Q4_0,
@@ -48,6 +51,30 @@ _MMQ_F16_DEFAULT_SM90 = 128
 THRESHOLDS = {
     (9, 0): {"mmvq_max": _MMVQ_MAX_SM90, "mmvq_default": 16, "mmq_f16_max": _MMQ_F16_MAX_SM90,
              "mmq_f16_default": _MMQ_F16_DEFAULT_SM90, "mmq_max": _MMQ_MAX_SM90, "mmq_default": 0},
+}
+
+
+def _per_type(**limits) -> dict[int, int]:
+    return {int(GGMLType[name]): v for name, v in limits.items()}
+
+
+# Launches reading at least mmq_f16.SMALL_MIN_WEIGHTS weights, where mmq_f16 runs mmq_f16_small up to 64 columns: every
+# path timed from CUDA graphs on an H100, `scripts/bench.py mul-mat --compare --graph --ns
+# 1,2,4,8,16,32,48,64,128,256,512 --reps 10` at m = 4096, k = 14336, the same rule (mmq_f16 counted 5 % faster;
+# BENCHMARKS.md, mmq-f16-small-h100-2026-12-06.txt), kernel us at 1 / 8 / 16 / 32 / 64 columns:
+#   q4_K  MMVQ 14 / 20 / 24 / 38 / 82, mmq_f16 26 / 27 / 30 / 39 / 47, MMQ 52-53 at 16-64
+#   q6_K  MMVQ 23 / 41 / 83, mmq_f16 38 / 39 / 40 / 50 / 59, MMQ 82-83 at 16-64
+#   q4_1  MMVQ 16 / 30 / 60, mmq_f16 25 / 26 / 27 / 35 / 46, MMQ 120
+#   q8_0  MMVQ 24 / 40 / 78, mmq_f16 34 / 35 / 38 / 50 / 58, MMQ 70
+# and mmq_f16 is faster than MMQ from 16 columns up for every type (q3_K from 32), so MMQ takes none of these.
+_MMVQ_MAX_LARGE_SM90 = _per_type(Q4_K=16, Q6_K=4, Q4_0=4, Q4_1=4, Q5_0=4, Q5_1=4, Q8_0=4, Q2_K=2, Q3_K=8, Q5_K=4,
+                                 IQ4_NL=4, IQ4_XS=4)
+_MMQ_MAX_LARGE_SM90 = _MMVQ_MAX_LARGE_SM90          # (no MMQ range: it ends where MMVQ's does)
+_MMQ_F16_MAX_LARGE_SM90 = _per_type(Q4_K=128, Q6_K=128, Q8_0=128, Q2_K=128, Q3_K=128, IQ4_XS=128, Q4_0=256, Q4_1=256,
+                                    Q5_0=256, Q5_1=256, Q5_K=256, IQ4_NL=256)
+THRESHOLDS_LARGE = {
+    (9, 0): {"mmvq_max": _MMVQ_MAX_LARGE_SM90, "mmvq_default": 16, "mmq_f16_max": _MMQ_F16_MAX_LARGE_SM90,
+             "mmq_f16_default": _MMQ_F16_DEFAULT_SM90, "mmq_max": _MMQ_MAX_LARGE_SM90, "mmq_default": 0},
 }
 # Architectures not measured: no MMQ or mmq_f16 (their tiles take more shared memory per block than sm_86 / sm_89
 # have, 99 KB; mmq_f16 more than sm_80's 163 KB).
@@ -72,7 +99,9 @@ def choose_path(w: GPUWeight, n: int, arch: tuple[int, int] | None = None) -> st
         return "cublas"
     if int(w.type) not in SUPPORTED_QTYPES:
         return "dequant"
-    table = THRESHOLDS.get(arch or _arch(), OTHER_ARCH)
+    arch = arch or _arch()
+    large = w.m * w.k >= mmq_f16_launch.SMALL_MIN_WEIGHTS and arch in THRESHOLDS_LARGE
+    table = THRESHOLDS_LARGE[arch] if large else THRESHOLDS.get(arch, OTHER_ARCH)
     if mmvq_launch.should_use_mmvq(w, n, table):
         return "mmvq"
     if mmq_launch.should_use_mmq(w, n, table):

@@ -44,34 +44,53 @@ template <int BN> struct MfLayout {
     static constexpr int raw = MF_A_BYTES, x = MF_A_BYTES + stages * MF_RAW_BYTES;    // offsets
 };
 
-// The raw bytes a stage reads: the unit of UNIT values (a K-quant block, or MF_KT / 32 blocks) holding it
-template <int T> struct MfUnit {
+// The raw bytes a stage of KT values reads: the unit of U::values values (a K-quant block, or KT / 32 blocks) holding
+// it
+template <int T, int KT = MF_KT> struct MfUnit {
     static constexpr int qk = TypeTraits<T>::qk;
-    static constexpr int values = qk > MF_KT ? qk : MF_KT;
+    static constexpr int values = qk > KT ? qk : KT;
     static constexpr int bytes = TypeTraits<T>::bytes * (values / qk);
     static constexpr int pieces = (bytes + 30) / 16;                   // 16-byte lines the unit can touch
-    static_assert(pieces * 16 <= MF_RAW_LD, "a unit's raw bytes exceed the row's shared memory");
 };
 
-// Issue the copies of stage `st` (k-values st * MF_KT ..) into buffer `buf`: thread (row tid % MF_BM, lines
-// tid / MF_BM + 2j) takes the 16-byte lines of its row's unit (which may start anywhere in a line), and thread
+// The byte of row `row`'s unit of stage st in global memory, and where the unit starts in the row's shared memory
+// (the copies keep its address mod 16, so unpack<T>'s aligned loads hold there)
+template <int T, int KT>
+__device__ __forceinline__ long long mf_unit_start(int row, int st, long long row_bytes) {
+    using U = MfUnit<T, KT>;
+    return (long long)row * row_bytes + (long long)(st * KT / U::values) * U::bytes;
+}
+template <int T, int KT>
+__device__ __forceinline__ int mf_unit_offset(int row, int st, long long row_bytes) {
+    return (int)(mf_unit_start<T, KT>(row, st, row_bytes) & 15);
+}
+
+// Issue the copies of the raw units of stage st of the block's MF_BM rows into dst (rows RAW_LD bytes apart): copy i
+// = tid + MF_THREADS j takes 16-byte line i % pieces of row i / pieces's unit (which may start anywhere in a line), so
+// that a warp's copies cover a few rows' consecutive lines (one row per thread: 32 rows and lines a copy instruction)
+template <int T, int KT, int RAW_LD>
+__device__ __forceinline__ void mf_load_raw(const u8* __restrict__ w, u8* dst, int st, int row0, int m,
+                                            long long row_bytes) {
+    using U = MfUnit<T, KT>;
+    static_assert(U::pieces * 16 <= RAW_LD, "a unit's raw bytes exceed the row's shared memory");
+#pragma unroll
+    for (int j = 0; j < (MF_BM * U::pieces + MF_THREADS - 1) / MF_THREADS; ++j) {
+        const int i = threadIdx.x + MF_THREADS * j, r = i / U::pieces, piece = i % U::pieces;
+        if (i >= MF_BM * U::pieces || row0 + r >= m) continue;
+        const long long start = mf_unit_start<T, KT>(row0 + r, st, row_bytes);
+        const long long end = min(start + U::bytes, (long long)(row0 + r + 1) * row_bytes);
+        const long long at = (start & ~15LL) + piece * 16;
+        if (at < end) cp_async16(dst + r * RAW_LD + piece * 16, w + at, 16);
+    }
+}
+
+// Issue the copies of stage `st` (k-values st * MF_KT ..) into buffer `buf`: the raw units (mf_load_raw), and thread
 // (column tid / 16 + 16p, 8 values from 8 * (tid % 16)) the activations.
 template <int T, int BN>
 __device__ __forceinline__ void mf_load_stage(const u8* __restrict__ w, const u16* __restrict__ x, u8* smem, int buf,
                                               int st, int row0, int col0, int m, int n, int k, long long row_bytes) {
-    using U = MfUnit<T>;
-    const int tid = threadIdx.x, r = tid % MF_BM;
-    if (row0 + r < m) {
-        const long long start = (long long)(row0 + r) * row_bytes + (long long)(st * MF_KT / U::values) * U::bytes;
-        const long long end = min(start + U::bytes, (long long)(row0 + r + 1) * row_bytes);
-        const long long a0 = start & ~15LL;
-        u8* dst = smem + MfLayout<BN>::raw + buf * MF_RAW_BYTES + r * MF_RAW_LD;
-#pragma unroll
-        for (int j = 0; j < (U::pieces + 1) / 2; ++j) {
-            const int piece = tid / MF_BM + 2 * j;
-            if (piece < U::pieces && a0 + piece * 16 < end) cp_async16(dst + piece * 16, w + a0 + piece * 16, 16);
-        }
-    }
+    mf_load_raw<T, MF_KT, MF_RAW_LD>(w, smem + MfLayout<BN>::raw + buf * MF_RAW_BYTES, st, row0, m, row_bytes);
+    const int tid = threadIdx.x;
     const int cl = tid / 16, kk = st * MF_KT + (tid % 16) * 8;
     const u16* src = x + (long long)(col0 + cl) * k + kk;
     u16* dst = (u16*)(smem + MfLayout<BN>::x + buf * MF_X_BYTES(BN)) + cl * MF_LD + (tid % 16) * 8;
@@ -144,7 +163,7 @@ mmq_f16(const u8* __restrict__ w, const u16* __restrict__ x, float* __restrict__
         // ---- unpack the stage's raw blocks to f16 (smem -> smem): thread (r, ch) takes row r's chunk ch
         const int r = tid % MF_BM;
         const u8* raw = smem + MfLayout<BN>::raw + buf * MF_RAW_BYTES + r * MF_RAW_LD +
-                        (int)(((long long)(row0 + r) * row_bytes + (long long)(st * MF_KT / U::values) * U::bytes) & 15);
+                        mf_unit_offset<T, MF_KT>(row0 + r, st, row_bytes);
         const int cu = (st * MF_KT) % U::values / 32;           // the stage's first chunk in its unit
 #pragma unroll
         for (int p = 0; p < MF_BM * MF_CH / MF_THREADS; ++p) {
@@ -187,4 +206,149 @@ mmq_f16(const u8* __restrict__ w, const u16* __restrict__ x, float* __restrict__
     }
 
     mma_store_tile(acc, y, row0 + wm, col0 + wn, lane >> 2, lane & 3, m, n);
+}
+
+// ---- mmq_f16_small: the same product for up to 8 * NB <= 64 columns, the weights unpacked in registers straight into
+// the mma's A fragments (no f16 tile in shared memory, no barrier between unpacking and multiplying).
+// A stage is MFS_KT = 256 k-values (one K-quant block, eight of the others): each row's raw unit and the NB B tiles'
+// activations ([8 NB columns][8 chunks][MFS_XCHUNK bytes], columns MFS_XCOL bytes apart), S stage buffers in flight
+// (cp.async). Warp w takes rows 32 (w & 3) .. + 31 of the block's MF_BM (two 16-row tiles) and chunks 4 (w >> 2) ..
+// + 3 of each stage (its "k-warp"); lane (g, t) unpacks chunk c = 4 (w >> 2) + t of rows g and g + 8 of each tile
+// (unpack<T>, 32 values) and gives its values 4s .. 4s + 3 to k-step s = 0..7 as the fragment's k positions 2t, 2t + 1
+// (values 4s, 4s + 1) and 2t + 8, 2t + 9 (4s + 2, 4s + 3): the warp's k order is permuted inside its steps, and the
+// activations alike, which lane (g, t) reads as values 4s .. 4s + 3 of chunk c of column 8 nb + g (one 16-byte load
+// for steps s and s + 1). Weights are made as in mmq_f16 (one f16 fma with the chunk's d and m rounded to f16).
+// The two k-warps' sums meet in shared memory at the end (k-warp 0's + k-warp 1's). Split-k as mmq_f16's.
+// Launch rule (mmq_f16.mmq_f16_small): NB = 1, 2, 4 or 8 (the fewest 8-column tiles holding n), S = mmq_f16.
+// small_stages(T, NB), block MF_THREADS, grid (ceil(m / MF_BM), ceil(n / (8 NB)), splits), dynamic shared memory
+// S x the stage's bytes (small_smem_bytes; the kernel traps on less), two blocks per SM at NB <= MFS_PAIR_NB.
+#define MFS_KT 256                       // k-values per stage
+#define MFS_XCHUNK 80                    // bytes per (column, chunk) of a stage's activations: 32 halves + 8 padding
+#define MFS_XCOL (8 * MFS_XCHUNK + 64)   // bytes per column: 44 16-byte slots (4 mod 8), so that a warp's 16-byte
+                                         // reads of (column g, chunk 4 kw + t) fall in distinct banks
+#define MFS_STAGES_MAX 4                 // stage buffers at most
+#define MFS_PAIR_NB 2                    // up to this many B tiles, two blocks per SM ...
+#define MFS_SMEM_PAIR (113 * 1024)       // ... each with at most this much shared memory (sm_90: 228 KB an SM)
+#define MFS_SMEM_ONE (227 * 1024)        // one block per SM: at most this much
+
+template <int T, int NB> struct MfsStage {                     // a stage's bytes: raw units, then activations
+    static constexpr int raw_ld = MfUnit<T, MFS_KT>::pieces * 16;
+    static constexpr int raw = MF_BM * raw_ld, bytes = raw + 8 * NB * MFS_XCOL;
+};
+
+template <int T, int NB, int S>
+__global__ void __launch_bounds__(MF_THREADS, NB <= MFS_PAIR_NB ? 2 : 1)
+mmq_f16_small(const u8* __restrict__ w, const u16* __restrict__ x, float* __restrict__ y, int m, int n, int k,
+              long long row_bytes, int split_stages) {
+    using L = MfsStage<T, NB>;
+    static_assert(S * L::bytes <= (NB <= MFS_PAIR_NB ? MFS_SMEM_PAIR : MFS_SMEM_ONE), "stages exceed shared memory");
+    static_assert(4 * 2 * NB * 4 * 32 * 4 <= S * L::bytes, "the k-warps' sums exceed the stage buffers");
+    extern __shared__ __align__(16) u8 smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int wm = (warp & 3) * 32, kw = warp >> 2, c = 4 * kw + t;      // the warp's rows, the lane's chunk
+    const int row0 = blockIdx.x * MF_BM, col0 = blockIdx.y * 8 * NB;
+    const int chunks = k / 32, stages = (k + MFS_KT - 1) / MFS_KT;
+    const int st0 = blockIdx.z * split_stages, st1 = min(stages, st0 + split_stages);   // this split's stages
+    y += (long long)blockIdx.z * n * m;
+    if (tid == 0) {                                            // launched with less shared memory than S stages take
+        u32 dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if (dyn < (u32)(S * L::bytes)) __trap();
+    }
+
+    auto load = [&](int buf, int st) {                         // issue stage st's copies into buffer buf
+        u8* base = smem + buf * L::bytes;
+        mf_load_raw<T, MFS_KT, L::raw_ld>(w, base, st, row0, m, row_bytes);
+        for (int i = tid; i < 8 * NB * 32; i += MF_THREADS) {   // (column, chunk, 16-byte piece)
+            const int col = i >> 5, ch = (i >> 2) & 7, p = i & 3, kk = st * MFS_KT + ch * 32 + p * 8;
+            const bool ok = col0 + col < n && kk < k;
+            cp_async16(base + L::raw + col * MFS_XCOL + ch * MFS_XCHUNK + p * 16,
+                       ok ? x + (long long)(col0 + col) * k + kk : x, ok ? 16 : 0);
+        }
+    };
+
+    float acc[2][NB][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < NB; ++j)
+#pragma unroll
+            for (int l = 0; l < 4; ++l) acc[i][j][l] = 0.f;
+
+#pragma unroll
+    for (int b = 0; b < S - 1; ++b) {                          // the first S - 1 stages (a group each, maybe empty)
+        if (st0 + b < st1) load(b, st0 + b);
+        cp_async_commit();
+    }
+    for (int st = st0; st < st1; ++st) {
+        const int buf = (st - st0) % S;
+        cp_async_wait<S - 2>();                                // stage st has landed (this thread's copies)
+        __syncthreads();                                       // ... everyone's; and stage st - 1 is computed
+        if (st + S - 1 < st1) load((st - st0 + S - 1) % S, st + S - 1);
+        cp_async_commit();
+        const u8* base = smem + buf * L::bytes;
+        // the lane's chunk of rows g, g + 8 of each tile: int8 values biased by 128 (int8_pair_f16), d and m as pairs
+        u32 wv[2][2][8], d2[2][2][2], m2[2][2][2];           // [tile][row g, g + 8][word] / [half]
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = wm + 16 * i + 8 * h + g;
+                int v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                ChunkScale s = {{0.f, 0.f}, {0.f, 0.f}};
+                if (row0 + r < m && st * 8 + c < chunks)
+                    unpack<T>(base + r * L::raw_ld + mf_unit_offset<T, MFS_KT>(row0 + r, st, row_bytes), c, v, s);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) wv[i][h][e] = (u32)v[e] ^ 0x80808080u;
+#pragma unroll
+                for (int q = 0; q < 2; ++q) {
+                    d2[i][h][q] = f16x2_of(s.d[q], s.d[q]);
+                    m2[i][h][q] = f16x2_of(s.m[q], s.m[q]);
+                }
+            }
+        const u8* xb = base + L::raw + g * MFS_XCOL + c * MFS_XCHUNK;
+#pragma unroll
+        for (int sp = 0; sp < 4; ++sp) {                       // steps 2 sp, 2 sp + 1: values 8 sp .. 8 sp + 7
+            uint4 b[NB];
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) b[nb] = *(const uint4*)(xb + nb * 8 * MFS_XCOL + 16 * sp);
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int s = 2 * sp + e, half = s >> 2;
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    u32 a[4];
+#pragma unroll
+                    for (int f = 0; f < 4; ++f)                // a0, a1: values 4s, 4s + 1 of rows g, g + 8; a2, a3:
+                        a[f] = f16x2_fma(int8_pair_f16(wv[i][f & 1][s], f >> 1), d2[i][f & 1][half],  // 4s + 2, + 3
+                                         m2[i][f & 1][half]);
+#pragma unroll
+                    for (int nb = 0; nb < NB; ++nb)
+                        mma_f16(acc[i][nb], a, e ? b[nb].z : b[nb].x, e ? b[nb].w : b[nb].y);
+                }
+            }
+        }
+    }
+
+    cp_async_wait_all();
+    __syncthreads();                                           // every stage computed: the buffers are free
+    float* sums = (float*)smem;                                // [4 row warps][2][NB][4][32] k-warp 1's sums
+    float* mine = sums + (warp & 3) * 2 * NB * 4 * 32 + lane;
+    if (kw == 1)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < NB; ++j)
+#pragma unroll
+                for (int l = 0; l < 4; ++l) mine[((i * NB + j) * 4 + l) * 32] = acc[i][j][l];
+    __syncthreads();
+    if (kw == 0) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < NB; ++j)
+#pragma unroll
+                for (int l = 0; l < 4; ++l) acc[i][j][l] += mine[((i * NB + j) * 4 + l) * 32];
+        mma_store_tile(acc, y, row0 + wm, col0, g, t, m, n);
+    }
 }
