@@ -147,13 +147,7 @@ mmq_f16(const u8* __restrict__ w, const u16* __restrict__ x, float* __restrict__
     const int st0 = blockIdx.z * split_stages, st1 = min(stages, st0 + split_stages);   // this split's stages
     y += (long long)blockIdx.z * n * m;
 
-    float acc[2][NJ][4];
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < NJ; ++j)
-#pragma unroll
-            for (int l = 0; l < 4; ++l) acc[i][j][l] = 0.f;
+    float acc[2][NJ][4] = {};                               // [tile][8-column tile][fragment]
 
 #pragma unroll
     for (int b = 0; b < S - 1; ++b) {                          // the first S - 1 stages (a group each, maybe empty)
@@ -281,13 +275,7 @@ mmq_f16_small(const u8* __restrict__ w, const u16* __restrict__ x, float* __rest
         }
     };
 
-    float acc[2][NB][4];
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < NB; ++j)
-#pragma unroll
-            for (int l = 0; l < 4; ++l) acc[i][j][l] = 0.f;
+    float acc[2][NB][4] = {};                               // [tile][8-column tile][fragment]
 
 #pragma unroll
     for (int b = 0; b < S - 1; ++b) {                          // the first S - 1 stages (a group each, maybe empty)
