@@ -13,15 +13,17 @@ running server.) Each subcommand's own description follows.
 
 mul-mat: Kernel benchmark at llama.cpp's test-backend-ops shapes: m = 4096, k = 14336, n in {1,2,3,4,5,8,512}.
 
-    python scripts/bench.py mul-mat [--reps 50] [--types q4_K,q8_0] [--ns 1,9,16] [--compare]
+    python scripts/bench.py mul-mat [--reps 50] [--types q4_K,q8_0] [--ns 1,9,16] [--compare] [--graph]
 
 Two times per (type, n, path), medians over reps with CUDA events, weights rotated over copies that together exceed
 the L2 cache:
   call_us   one whole mul_mat call from Python (activation quantization, allocations and launch costs included)
-  kernel_us the GPU time of the matmul kernel(s) alone: 10 back-to-back launches on preallocated buffers, divided by 10
+  kernel_us the GPU time of the matmul kernel(s) alone: 10 back-to-back launches on preallocated buffers, divided by
+            10; with --graph 20 calls captured as one CUDA graph, divided by 20 (no host time between launches: the
+            figure for kernels shorter than a launch from Python, ~5 us, and for decode steps, which replay graphs)
 TOPS = 2*m*n*k / kernel_us; weight GB/s = weight bytes / kernel_us.
---compare also times every quantized type on each path that can take n above 8 columns (MMVQ up to 16, MMQ from 16,
-mmq_f16, dequantize+cuBLAS) at n = 9, 12, 16, ..., 512 (for dispatch.py's table). --ns replaces the column counts.
+--compare times every quantized type on each path that can take n (MMVQ up to its column limit, MMQ from 16,
+mmq_f16, dequantize+cuBLAS from 16) at n = 1, ..., 512 (for dispatch.py's tables). --ns replaces the column counts.
 
 attention: Prefill attention on the GPU at the real models' shapes: one sequence, a ubatch of n tokens from position 0.
 
