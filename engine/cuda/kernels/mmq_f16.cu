@@ -218,11 +218,13 @@ mmq_f16(const u8* __restrict__ w, const u16* __restrict__ x, float* __restrict__
 // (unpack<T>, 32 values) and gives its values 4s .. 4s + 3 to k-step s = 0..7 as the fragment's k positions 2t, 2t + 1
 // (values 4s, 4s + 1) and 2t + 8, 2t + 9 (4s + 2, 4s + 3): the warp's k order is permuted inside its steps, and the
 // activations alike, which lane (g, t) reads as values 4s .. 4s + 3 of chunk c of column 8 nb + g (one 16-byte load
-// for steps s and s + 1). Weights are made as in mmq_f16 (one f16 fma with the chunk's d and m rounded to f16).
+// for steps s and s + 1). Weights are made as in mmq_f16 (code_pair_f16, then one f16 fma with the chunk's d and m
+// rounded to f16).
 // The two k-warps' sums meet in shared memory at the end (k-warp 0's + k-warp 1's). Split-k as mmq_f16's.
-// Launch rule (mmq_f16.mmq_f16_small): NB = 1, 2, 4 or 8 (the fewest 8-column tiles holding n), S = mmq_f16.
-// small_stages(T, NB), block MF_THREADS, grid (ceil(m / MF_BM), ceil(n / (8 NB)), splits), dynamic shared memory
-// S x the stage's bytes (small_smem_bytes; the kernel traps on less), two blocks per SM at NB <= MFS_PAIR_NB.
+// Launch rule (mmq_f16.mmq_f16, where mmq_f16.takes_small): NB = 1, 2, 4 or 8 (the fewest 8-column tiles holding
+// n), S = build.mmq_f16_small_stages(T, NB), block MF_THREADS, grid (ceil(m / MF_BM), ceil(n / (8 NB)), splits),
+// dynamic shared memory S x the stage's bytes (mmq_f16.small_smem_bytes; the kernel traps on less), two blocks per
+// SM at NB <= MFS_PAIR_NB; with splits > 1 then mmq_split_sum.
 #define MFS_KT 256                       // k-values per stage
 #define MFS_XCHUNK 80                    // bytes per (column, chunk) of a stage's activations: 32 halves + 8 padding
 #define MFS_XCOL (8 * MFS_XCHUNK + 64)   // bytes per column: 44 16-byte slots (4 mod 8), so that a warp's 16-byte
