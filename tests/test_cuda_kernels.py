@@ -187,19 +187,24 @@ def mmq_split_k_cases(t, q4k):
         assert nmse(ys[3], ys[1]) <= 1e-12 and nmse(ys[16], ys[1]) <= 1e-12, (t.name, n)
 
 
+@pytest.mark.parametrize("small", [False, True], ids=["tiles", "small"])
 @pytest.mark.parametrize("t", QTYPES, ids=lambda t: t.name)
-def test_mmq_f16(t):
-    """mmq_f16 (raw blocks on f16 tensor cores: mmq_f16_small unpacking them in registers up to 64 columns, mmq_f16
-    to an f16 tile in shared memory above) at 1 to 4096 columns, partial row and column tiles, k split over 1, 3 and
-    16 blocks (then added in order): against numpy on f16-rounded activations and the exact weights (MMQ_F16_NMSE),
-    every output written (NaN-poisoned), and the same bits on a second run."""
+def test_mmq_f16(t, small, monkeypatch):
+    """mmq_f16 (raw blocks on f16 tensor cores: mmq_f16_small unpacking them in registers up to 64 columns of a large
+    matrix, mmq_f16 to an f16 tile in shared memory otherwise; `small` lowers the size mmq_f16_small takes to these
+    test matrices) at 1 to 4096 columns, partial row and column tiles, k split over 1, 3 and 16 blocks (then added in
+    order): against numpy on f16-rounded activations and the exact weights (MMQ_F16_NMSE), every output written
+    (NaN-poisoned), and the same bits on a second run."""
     import cupy as cp
+    from engine.cuda import mmq_f16 as mmq_f16_launch
     from engine.cuda.config import forced
     from engine.cuda.mmq_f16 import mmq_f16
     rng = np.random.default_rng()
     m, k = (200, 4096) if TYPES[t].block_size == 256 else (200, 4064)     # 4064: a partial last stage
     w, wref = random_weight(t, m, k, rng)
+    monkeypatch.setattr(mmq_f16_launch, "SMALL_MIN_WEIGHTS", m * k if small else 1 << 62)
     for n in (1, 3, 8, 9, 16, 17, 31, 33, 64, 100, 128, 512, 1000, 4096):
+        assert mmq_f16_launch.takes_small(w, n) == (small and n <= mmq_f16_launch.SMALL_MAX_COLS)
         x = rng.standard_normal((n, k)).astype(np.float32)
         x16 = cp.asarray(x.astype(np.float16))
         ref = f16(x) @ wref.T
