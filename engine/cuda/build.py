@@ -108,6 +108,7 @@ def name_expressions(family: str) -> list[str]:
     raise KeyError(family)
 
 
+@functools.cache
 def mmq_f16_small_stages(t: int, nb: int) -> tuple[int, int]:
     """(stage buffers, bytes per stage) of mmq_f16.cu's mmq_f16_small for type t and nb B tiles (its MfsStage): as
     many stages as the shared memory of one block per SM holds (two at nb <= MFS_PAIR_NB), MFS_STAGES_MAX at most."""

@@ -100,7 +100,7 @@ def choose_path(w: GPUWeight, n: int, arch: tuple[int, int] | None = None) -> st
     if int(w.type) not in SUPPORTED_QTYPES:
         return "dequant"
     arch = arch or _arch()
-    large = w.m * w.k >= mmq_f16_launch.SMALL_MIN_WEIGHTS and arch in THRESHOLDS_LARGE
+    large = mmq_f16_launch.is_large(w) and arch in THRESHOLDS_LARGE
     table = THRESHOLDS_LARGE[arch] if large else THRESHOLDS.get(arch, OTHER_ARCH)
     if mmvq_launch.should_use_mmvq(w, n, table):
         return "mmvq"
