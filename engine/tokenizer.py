@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
-from itertools import chain
 from typing import Iterable
 
 import numpy as np
@@ -27,6 +26,7 @@ from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
 from .gguf import GGUFFile, quoted
+from .piece_cache import PieceCache
 
 SPACE = "\u2581"                                  # SPM's space
 SPM_WORD_START = regex.compile(f"(?<=[^{SPACE}])(?={SPACE})")     # before a "▁" that follows another character
@@ -176,9 +176,11 @@ class Tokenizer:
             # distinct word. Texts holding one of those tokens' text are merged whole.
             self._spm_bridges = [s for s in self.tokens if SPACE in s.lstrip(SPACE)]
             self._word_cache = {}
-        # the characters a special token's text starts with, for finding where one may begin
-        self._special_starts = regex.compile("[" + regex.escape("".join({k[0] for k in self._special_lengths})) + "]") \
-            if self._special_lengths else None
+        self._pieces = PieceCache()          # long texts' pieces, for texts that start alike (a resent prompt)
+        # where a special token's text may begin: its first two characters (one for one-character texts), looked
+        # ahead at every position (Gemma's runs of spaces start at a double space, not at every space)
+        keys = sorted(self._special_lengths, key=lambda k: (-len(k), k))
+        self._special_starts = regex.compile("(?=" + "|".join(map(regex.escape, keys)) + ")") if keys else None
 
     @staticmethod
     def _flag(gguf: GGUFFile, key: str, default: bool) -> bool:
@@ -292,7 +294,7 @@ class Tokenizer:
         index, ids = self._special_lengths, self._special_ids
         if self._special_starts is None:
             return []
-        for m in self._special_starts.finditer(text):
+        for m in self._special_starts.finditer(text, concurrent=True):     # the GIL released while it scans
             i = m.start()
             for key in (text[i:i + 2], text[i]):
                 for n in index.get(key, ()):
@@ -302,13 +304,11 @@ class Tokenizer:
         return sorted(found, key=self._special_rank.__getitem__)
 
     def _spm_words(self, text: str) -> list[int]:
-        """_spm over text, word by word where no merge can cross a word's start (see __init__), a word's ids kept."""
+        """_spm over text, word by word where no merge can cross a word's start (see __init__), a word's ids kept (and
+        a long text's words, for a text that starts alike: piece_cache.py)."""
         if any(b in text for b in self._spm_bridges):
             return self._spm(text)
-        out: list[int] = []
-        for word in SPM_WORD_START.split(text):
-            out.extend(self._word_ids(word, self._spm))
-        return out
+        return self._pieces.tokenize(text, SPM_WORD_START.split, lambda word: self._word_ids(word, self._spm))
 
     def _spm(self, text: str) -> list[int]:
         """llama.cpp's SPM: merge the best-scoring adjacent pair that is a token, until none is left."""
@@ -357,8 +357,8 @@ class Tokenizer:
 
     def _bpe(self, text: str) -> list[int]:
         get = self._word_cache.get
-        return list(chain.from_iterable(get(w) or self._word_ids(w, self._bpe_text_word)
-                                        for w in _regex_split(text, self._patterns)))
+        return self._pieces.tokenize(text, lambda t: _regex_split(t, self._patterns),
+                                     lambda w: get(w) or self._word_ids(w, self._bpe_text_word))
 
     def _bpe_text_word(self, word: str) -> list[int]:
         return self._bpe_word("".join(self._b2u[b] for b in word.encode("utf-8")))

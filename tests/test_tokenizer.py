@@ -48,6 +48,26 @@ def test_apache_text(model_path, key):
 
 
 @pytest.mark.parametrize("key", KEYS)
+def test_texts_sharing_a_prefix_tokenize_as_alone(model_path, key):
+    """The Apache text, then texts cut from it at random with another ending (a resent conversation, a shared system
+    prompt): the tokenizer that kept the earlier texts' pieces (engine/piece_cache.py) gives the ids of splitting them whole, and
+    the reference ids for the whole text again."""
+    rng = random.Random()
+    text = (GOLDEN / "apache.txt").read_text(encoding="utf-8")
+    ref = [int(x) for x in (GOLDEN / f"apache.{key}.tokens").read_text().split()]
+    warm = Tokenizer(GGUFFile(model_path(key)))
+    assert warm.encode(text) == ref
+    endings = ["", " ", "\n", "\n\n", "  and", " questions?", "\nUser: what is a License?\n", "1234", " \u4e2d\u6587!"]
+    whole = Tokenizer(GGUFFile(model_path(key)))                 # splits every text whole, keeps none
+    whole._pieces.tokenize = lambda t, split, piece_ids: [i for p in split(t) for i in piece_ids(p)]
+    for _ in range(30):
+        cut = rng.randint(len(text) // 2, len(text))
+        variant = text[:cut] + rng.choice(endings) + rng.choice(endings)
+        assert warm.encode(variant) == whole.encode(variant), (cut, variant[-40:])
+    assert warm.encode(text) == ref
+
+
+@pytest.mark.parametrize("key", KEYS)
 def test_apache_speed(model_path, key):
     tok = tokenizer(model_path, key)
     text = (GOLDEN / "apache.txt").read_text(encoding="utf-8")
