@@ -7,6 +7,7 @@
     python scripts/bench.py decode    MODEL [--npl 1,8,16,32] [--npp 128] [--ntg 128] [--scheduler | --churn]
     python scripts/bench.py http      MODEL [--clients 1,8,32,64] [--step-ms 10] [--slots 64] [--shared-prefix N]
     python scripts/bench.py prefix-match [--followers 10,100,500,1000] [--prefix 2003]
+    python scripts/bench.py burst     MODEL [--clients 32] [--prefix 2000] [--max-batch-tokens 512] [--rounds 4]
 
 (`engine bench MODEL` measures one sequence's prefill and decode, llama-bench's pp / tg; scripts/load_test.py a
 running server.) Each subcommand's own description follows.
@@ -75,6 +76,13 @@ MODEL only supplies the tokenizer.
 prefix-match: The block manager's lookup of a new prompt's cached prefix (BlockManager.match, once per admission)
 when a shared --prefix of tokens has been followed by --followers requests, each leaving its own block after it
 (what load_test.py --shared-prefix builds up in a server): ms per lookup, mean of 20.
+
+burst: The shared-prefix burst through the engine core alone (the Scheduler as engine serve runs it, warmed up the
+same way, no HTTP): per round one request of a --prefix-token shared text and a 20-token question, then --clients
+such requests at once. Prints their TTFT (submit to first token) and each step's rows, logit rows and sequences, the
+forward's time and the whole step's (admission, block copies and sampling included).
+
+    python scripts/bench.py burst MODEL [--clients 32] [--prefix 2000] [--max-batch-tokens 512] [--rounds 4]
 """
 from __future__ import annotations
 
@@ -665,8 +673,65 @@ def prefix_match_main(argv) -> None:
         print(f"| {n} | {kids} | {(time.perf_counter() - t0) / 20 * 1e3:.2f} |", flush=True)
 
 
+def burst_main(argv) -> None:
+    from engine.scheduler import Request, Scheduler, TokenEvent
+    from engine.sampling import SamplingParams
+    from server.core import EngineCore
+    ap = argparse.ArgumentParser(prog="bench.py burst")
+    ap.add_argument("model")
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--prefix", type=int, default=2000)
+    ap.add_argument("--max-batch-tokens", type=int, default=512)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args(argv)
+    rt = Runtime.load(args.model, device=args.device, n_ctx=args.prefix + 304, n_seq=args.clients)
+    core = EngineCore.__new__(EngineCore)                 # its warm-up alone: every step shape a server captures
+    core.rt, core.sched = rt, Scheduler(rt, args.max_batch_tokens)
+    core.warm_up()
+    sched, prefix, greedy = core.sched, [60 + j % 100 for j in range(args.prefix)], SamplingParams(temperature=0)
+    first: dict[int, float] = {}
+    steps: list[tuple] = []                                # (rows, logit rows, sequences, forward s)
+    forward = rt.forward
+
+    def timed_forward(tokens, positions, seqs, rows, tables=None):
+        t0 = time.perf_counter()
+        out = forward(tokens, positions, seqs, rows, tables)
+        _sync(rt)
+        steps.append((len(tokens), len(rows), len(set(seqs)), time.perf_counter() - t0))
+        return out
+    rt.forward = timed_forward
+
+    def request(rnd, i, max_tokens):
+        question = [5 + (rnd * 37 + i * 7 + j) % 50 for j in range(20)]
+        on_event = lambda e: isinstance(e, TokenEvent) and first.setdefault(i, time.perf_counter())  # noqa: E731
+        sched.submit(Request(prefix + question, greedy, max_tokens=max_tokens, ignore_eos=True), on_event)
+
+    for rnd in range(args.rounds):
+        request(rnd, -1, 4)
+        while sched.step():
+            pass
+        first.clear()
+        steps.clear()
+        t0 = time.perf_counter()
+        for i in range(args.clients):
+            request(rnd, i, 16)
+        step_s = []                                        # (start, seconds) of each step
+        while True:
+            s0 = time.perf_counter()
+            if not sched.step():
+                break
+            step_s.append((s0, time.perf_counter() - s0))
+        ttft = np.array(sorted(first[i] - t0 for i in range(args.clients))) * 1000
+        print(f"round {rnd}: {args.clients} requests, max_batch_tokens {args.max_batch_tokens}: TTFT p50 "
+              f"{np.percentile(ttft, 50):.1f} ms, first {ttft[0]:.1f}, last {ttft[-1]:.1f}", flush=True)
+        print("  steps until every first token (rows, logit rows, sequences, forward ms, step ms): " + ", ".join(
+            f"({a}, {b}, {c}, {d * 1000:.1f}, {e * 1000:.1f})" for (a, b, c, d), (start, e) in zip(steps, step_s)
+            if start < max(first.values())), flush=True)
+
+
 COMMANDS = {"mul-mat": mul_mat_main, "attention": attention_main, "norm": norm_main, "decode": decode_main,
-            "http": http_main, "prefix-match": prefix_match_main}
+            "http": http_main, "prefix-match": prefix_match_main, "burst": burst_main}
 
 
 if __name__ == "__main__":
