@@ -234,9 +234,10 @@ class Scheduler:
         has prefilled, seq finds in the cache now)."""
         if not other.resumed and seq.req.prompt == other.req.prompt:
             return True
-        if not self.prefix_cache:
-            return False
-        n = common_prefix(seq.prompt_ids, other.prompt_ids, len(seq.fill) - 1)
+        limit = len(seq.fill) - 1
+        if not self.prefix_cache or limit - other.prefilled < MIN_COPY_PREFIX:   # too little left to wait for (a
+            return False                                                           # burst past a cached prompt)
+        n = common_prefix(seq.prompt_ids, other.prompt_ids, limit)
         return n - other.prefilled >= MIN_COPY_PREFIX
 
     def _reserve(self) -> int:
