@@ -7,7 +7,8 @@ a lookbehind or an anchor; SPM's word starts, which look one character either si
 boundary on are the split of the text from that boundary. Where a piece ends depends on the text up to at most the
 run of whitespace after it and the character after that run (`\\s+(?!\\S)`, `\\s*[\\r\\n]+`), which the next two
 pieces hold: the pieces ending REUSE_MARGIN pieces before the first character where two texts differ are the same in
-both. tests/test_tokenizer.py checks this against splitting whole texts, for every pre-tokenizer.
+both. tests/test_piece_cache.py checks this against splitting whole texts for every pre-tokenizer and SPM's word
+starts, tests/test_tokenizer.py on the real tokenizers.
 """
 from __future__ import annotations
 
