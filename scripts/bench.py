@@ -676,7 +676,7 @@ def prefix_match_main(argv) -> None:
 def burst_main(argv) -> None:
     from engine.scheduler import Request, Scheduler, TokenEvent
     from engine.sampling import SamplingParams
-    from server.core import EngineCore
+    from server.core import warm_up
     ap = argparse.ArgumentParser(prog="bench.py burst")
     ap.add_argument("model")
     ap.add_argument("--clients", type=int, default=32)
@@ -686,10 +686,9 @@ def burst_main(argv) -> None:
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args(argv)
     rt = Runtime.load(args.model, device=args.device, n_ctx=args.prefix + 304, n_seq=args.clients)
-    core = EngineCore.__new__(EngineCore)                 # its warm-up alone: every step shape a server captures
-    core.rt, core.sched = rt, Scheduler(rt, args.max_batch_tokens)
-    core.warm_up()
-    sched, prefix, greedy = core.sched, [60 + j % 100 for j in range(args.prefix)], SamplingParams(temperature=0)
+    sched = Scheduler(rt, args.max_batch_tokens)
+    warm_up(rt, args.max_batch_tokens)                    # every step shape a server captures, as engine serve does
+    prefix, greedy = [60 + j % 100 for j in range(args.prefix)], SamplingParams(temperature=0)
     first: dict[int, float] = {}
     steps: list[tuple] = []                                # (rows, logit rows, sequences, forward s)
     forward = rt.forward

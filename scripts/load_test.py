@@ -86,15 +86,28 @@ async def stream_completion(http, url, body, headers):
             await r.aread()
             return None
         async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
+            obj = sse_event(line)
+            if obj is None:
                 continue
-            obj = json.loads(line[6:])
-            if obj.get("choices") and obj["choices"][0].get("text"):
+            if has_text(obj):
                 times.append(time.perf_counter())
             if obj.get("usage"):
-                used = obj["usage"].get("completion_tokens")
-                cached = (obj["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+                used, cached = obj["usage"].get("completion_tokens"), cached_tokens(obj["usage"])
     return t0, times, used, cached
+
+
+def sse_event(line) -> dict | None:
+    """A server-sent event's JSON object (line: str or bytes), None for other lines and the final [DONE]."""
+    line = line.decode() if isinstance(line, bytes) else line
+    return json.loads(line[6:]) if line.startswith("data: ") and line != "data: [DONE]" else None
+
+
+def has_text(obj: dict) -> bool:
+    return bool(obj.get("choices") and obj["choices"][0].get("text"))
+
+
+def cached_tokens(usage: dict) -> int:
+    return (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
 
 
 class RawStream:
@@ -131,14 +144,11 @@ class RawStream:
         while size := int((await self.reader.readline()).split(b";")[0], 16):     # chunked body: size, data
             pending += (await self.reader.readexactly(size + 2))[:-2]
             *events, pending = pending.split(b"\n\n")
-            for ev in events:
-                if not ev.startswith(b"data: ") or ev == b"data: [DONE]":
-                    continue
-                obj = json.loads(ev[6:])
-                if first is None and obj.get("choices") and obj["choices"][0].get("text"):
+            for obj in filter(None, map(sse_event, events)):
+                if first is None and has_text(obj):
                     first = time.perf_counter()
                 if obj.get("usage"):
-                    cached = (obj["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+                    cached = cached_tokens(obj["usage"])
         self.writer.close()
         return t0, first, cached
 

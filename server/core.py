@@ -89,6 +89,28 @@ def default_parallel(cfg: CoreConfig) -> int:
     return max(1, min(MAX_DEFAULT_PARALLEL, int(room // per_slot) - 1))
 
 
+def warm_up(rt, max_batch_tokens: int) -> None:
+    """Run one step of every shape rt's backend names for a step budget of max_batch_tokens (compiling kernels,
+    capturing CUDA graphs) and one batched sampling call, so no request waits for the compiler or a capture."""
+    from engine.sampling import Sampler, SamplingParams
+
+    sampled = False
+    for n_decode, n_prefill in rt.backend.warm_up_shapes(rt.n_seq, max_batch_tokens):
+        n_prefill = min(n_prefill, rt.n_ctx - 1)
+        tokens = [1] * (n_decode + n_prefill)
+        positions = [n_prefill] * n_decode + list(range(n_prefill))
+        seqs = list(range(n_decode)) + [n_decode] * n_prefill          # distinct sequences (n_decode < n_seq)
+        rows = list(range(n_decode)) + ([len(tokens) - 1] if n_prefill else [])
+        logits = rt.forward(tokens, positions, seqs, rows, rt.scratch_tables(seqs, n_prefill + 1))
+        if not sampled and len(rows) > 1:
+            params = SamplingParams(temperature=1.0, top_k=40, top_p=0.9)
+            rt.backend.sample(logits, [Sampler(params) for _ in rows], [[1] for _ in rows])
+            sampled = True
+    sync = getattr(rt.backend, "synchronize", None)
+    if sync:
+        sync()
+
+
 class EngineCore:
     def __init__(self, cfg: CoreConfig):
         from engine.runtime import Runtime
@@ -104,7 +126,7 @@ class EngineCore:
         self.seq_of: dict[int, int] = {}          # request id -> scheduler sequence id
         self.events: list[Event] = []
         if cfg.warmup:
-            self.warm_up()
+            warm_up(self.rt, self.sched.max_batch_tokens)
         threading.Thread(target=self._grammar_tokenizer, daemon=True).start()   # ahead of the first grammar
 
     def _grammar_tokenizer(self) -> None:
@@ -120,28 +142,6 @@ class EngineCore:
         kv_bytes = rt.n_blocks * rt.block_size * rt.model.kv_bytes_per_token(rt.kv_type)
         return Ready(rt.n_ctx, rt.config.n_vocab, rt.n_seq, rt.backend.name, self.sched.max_batch_tokens,
                      rt.n_blocks, rt.block_size, int(kv_bytes))
-
-    def warm_up(self) -> None:
-        """Run one step of every shape the backend names (compiling kernels, capturing CUDA graphs) and one batched
-        sampling call before the first request, so no request waits for the compiler or a capture."""
-        from engine.sampling import Sampler, SamplingParams
-
-        rt = self.rt
-        sampled = False
-        for n_decode, n_prefill in rt.backend.warm_up_shapes(rt.n_seq, self.sched.max_batch_tokens):
-            n_prefill = min(n_prefill, rt.n_ctx - 1)
-            tokens = [1] * (n_decode + n_prefill)
-            positions = [n_prefill] * n_decode + list(range(n_prefill))
-            seqs = list(range(n_decode)) + [n_decode] * n_prefill          # distinct sequences (n_decode < n_seq)
-            rows = list(range(n_decode)) + ([len(tokens) - 1] if n_prefill else [])
-            logits = rt.forward(tokens, positions, seqs, rows, rt.scratch_tables(seqs, n_prefill + 1))
-            if not sampled and len(rows) > 1:
-                params = SamplingParams(temperature=1.0, top_k=40, top_p=0.9)
-                rt.backend.sample(logits, [Sampler(params) for _ in rows], [[1] for _ in rows])
-                sampled = True
-        sync = getattr(rt.backend, "synchronize", None)
-        if sync:
-            sync()
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def serve(self, pull, push) -> None:

@@ -58,12 +58,12 @@ def mmq_f16(w: GPUWeight, x16, out=None):
     y = out if out is not None else cp.empty((n, w.m), cp.float32)
     if takes_small(w, n):
         nb = small_tiles(n)
-        stages, stage = mmq_f16_small_stages(t, nb)
+        stages, _ = mmq_f16_small_stages(t, nb)
         per_sm = 2 if nb <= _MF["MFS_PAIR_NB"] else 1
         splits, per = mmq_splits(w.m, n, w.k, launch._sm_count() * per_sm, (MF_BM, 8 * nb, MFS_KT))
         grid = ((w.m + MF_BM - 1) // MF_BM, (n + 8 * nb - 1) // (8 * nb), splits)
-        split_launch(kernel("mmq_f16", f"mmq_f16_small<{t}, {nb}, {stages}>"), stages * stage, grid, w, x16, None, n,
-                     y, per)
+        split_launch(kernel("mmq_f16", f"mmq_f16_small<{t}, {nb}, {stages}>"), small_smem_bytes(t, nb), grid, w, x16,
+                     None, n, y, per)
         return y
     bn = column_tile(n)
     splits, per = mmq_splits(w.m, n, w.k, launch._sm_count(), (MF_BM, bn, MF_KT))
