@@ -89,6 +89,50 @@ def test_match_takes_the_child_holding_the_longest_prefix():
     assert m.match(t, len(t) + 5) == m.match(t, len(t))          # a limit past the tokens: all of them
 
 
+@pytest.mark.parametrize("kv_type", [None, "q8_0"])
+def test_copy_prefix_copies_every_layer_and_only_the_prefix(kv_type):
+    """A block's first n positions go to another block in every layer's keys, values (and q8_0 scales); nothing
+    else moves. The layers are views of one array each (one copy for all of them)."""
+    from engine.backends.cpu import CPUBackend
+    cache = CPUBackend().kv_cache(3, 4, 8, 2, 32, **({"kv_type": kv_type} if kv_type else {}))
+    rng = np.random.default_rng()
+    arrays = [cache.k, cache.v] + ([cache.k_scale, cache.v_scale] if kv_type else [])
+    for layers in arrays:
+        for a in layers:
+            a[...] = rng.integers(-100, 100, a.shape).astype(a.dtype)
+    before = [[a.copy() for a in layers] for layers in arrays]
+    cache.copy_prefix(1, 3, 5)
+    for layers, old in zip(arrays, before):
+        for a, b in zip(layers, old):
+            assert np.array_equal(a[3, :5], b[1, :5]) and np.array_equal(a[3, 5:], b[3, 5:])
+            assert np.array_equal(a[:3], b[:3])
+    assert all(np.shares_memory(a, cache.k_layers) for a in cache.k)
+
+
+@pytest.mark.gpu
+def test_copy_prefix_on_the_gpu_across_a_cache_of_over_4_gib():
+    """The GPU's cache at the synthetic 8B's serving size (32 layers of 4,609 blocks: 4.8 GB for the keys), so a
+    copy across layers spans offsets past 2**31 bytes: every layer's block gets the prefix, nothing else moves."""
+    import cupy as cp
+    from engine.backends.cuda import CUDABackend
+    cache = CUDABackend().kv_cache(32, 4608, 16, 8, 128)
+    rng = np.random.default_rng()
+    src, dst, n = 4600, 7, 11
+    for layers in (cache.k, cache.v):
+        for a in layers:
+            a[src] = cp.asarray(rng.standard_normal(a[src].shape), a.dtype)
+            a[dst] = cp.asarray(rng.standard_normal(a[dst].shape), a.dtype)
+    before = [[(a[src].get(), a[dst].get(), a[dst + 1].get()) for a in layers] for layers in (cache.k, cache.v)]
+    cache.copy_prefix(src, dst, n)
+    for layers, old in zip((cache.k, cache.v), before):
+        for a, (s_old, d_old, next_old) in zip(layers, old):
+            d = a[dst].get()
+            assert np.array_equal(d[:n], s_old[:n]) and np.array_equal(d[n:], d_old[n:])
+            assert np.array_equal(a[src].get(), s_old) and np.array_equal(a[dst + 1].get(), next_old)
+    del cache
+    cp.get_default_memory_pool().free_all_blocks()
+
+
 def test_without_caching_a_released_block_forgets():
     m = BlockManager(2, 2, caching=False)
     b = m.allocate()

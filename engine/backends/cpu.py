@@ -45,15 +45,15 @@ class Q8KVCache(KVCache):
             raise ValueError(f"a q8_0 KV cache needs a head dimension that is a multiple of {Q8_0_GROUP} "
                              f"(this model's is {head_dim})")
         super().__init__(np, n_layer, n_blocks, block_size, n_head_kv, head_dim, np.int8)
-        shape = (n_blocks, block_size, n_head_kv, head_dim // Q8_0_GROUP)
-        self.k_scale = [np.zeros(shape, np.float16) for _ in range(n_layer)]
-        self.v_scale = [np.zeros(shape, np.float16) for _ in range(n_layer)]
+        shape = (n_layer, n_blocks, block_size, n_head_kv, head_dim // Q8_0_GROUP)
+        self.k_scale_layers = np.zeros(shape, np.float16)      # [n_layer, n_blocks, block_size, n_head_kv, groups]
+        self.v_scale_layers = np.zeros(shape, np.float16)
+        self.k_scale, self.v_scale = list(self.k_scale_layers), list(self.v_scale_layers)
 
     def copy_prefix(self, src, dst, n):
         super().copy_prefix(src, dst, n)
-        for k, v in zip(self.k_scale, self.v_scale):
-            k[dst, :n] = k[src, :n]
-            v[dst, :n] = v[src, :n]
+        self.k_scale_layers[:, dst, :n] = self.k_scale_layers[:, src, :n]
+        self.v_scale_layers[:, dst, :n] = self.v_scale_layers[:, src, :n]
 
     def store(self, layer, blocks, offsets, k, v):
         for values, scales, x in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
