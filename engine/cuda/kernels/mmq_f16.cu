@@ -9,9 +9,10 @@
 // BN = 64, 3 at 128, as many as fit); the raw bytes of a stage are its "unit": the 256-value block it lies in for
 // the K-quants (loaded again for the block's second half: a read from L2), else its MF_KT / 32 blocks. A landed
 // stage's raw blocks are unpacked (unpack<T>, one 32-value chunk per thread and pass, consecutive threads on
-// consecutive rows) into one f16 tile in f16x2 arithmetic: each int8 pair becomes two exact halves 1152 + q by a byte
-// permute (f16 has unit spacing in [1024, 2048)), then (h - 1152) * d + m in one f16 fma with the chunk's d and m
-// rounded to f16. (dequantize_f16 rounds d * q + m once from fp32; this takes fewer instructions and about doubles
+// consecutive rows) into one f16 tile in f16x2 arithmetic: each pair of values becomes two exact halves 1024 + q (the
+// types with a min, whose codes are never negative) or 1152 + q (int8 values, 128 added) by a byte permute (f16 has
+// unit spacing in [1024, 2048)), then (h - 1024 or 1152) * d + m in one f16 fma with the chunk's d and m rounded to
+// f16 (code_pair_f16). (dequantize_f16 rounds d * q + m once from fp32; this takes fewer instructions and about doubles
 // the weights' squared rounding error, nmse ~1e-7 against ~4e-8.) Then each of the 8 warps (4 x 2) runs ldmatrix +
 // mma over its 32 x BN/2 sub-tile. Rows past m and chunks past k unpack to zeros, and activation rows past n and
 // values past k are zero-filled, so partial tiles add nothing.
@@ -53,34 +54,33 @@ template <int T, int KT = MF_KT> struct MfUnit {
     static constexpr int pieces = (bytes + 30) / 16;                   // 16-byte lines the unit can touch
 };
 
-// The byte of row `row`'s unit of stage st in global memory, and where the unit starts in the row's shared memory
-// (the copies keep its address mod 16, so unpack<T>'s aligned loads hold there)
-template <int T, int KT>
-__device__ __forceinline__ long long mf_unit_start(int row, int st, long long row_bytes) {
-    using U = MfUnit<T, KT>;
-    return (long long)row * row_bytes + (long long)(st * KT / U::values) * U::bytes;
-}
+// Where row `row`'s unit of stage st starts in the row's shared memory: its address mod 16 (the copies keep it, so
+// unpack<T>'s aligned loads hold there), in 32-bit arithmetic (products mod 16 survive the wrap-around)
 template <int T, int KT>
 __device__ __forceinline__ int mf_unit_offset(int row, int st, long long row_bytes) {
-    return (int)(mf_unit_start<T, KT>(row, st, row_bytes) & 15);
+    using U = MfUnit<T, KT>;
+    return (int)(((u32)row * (u32)(row_bytes & 15) + (u32)(st * KT / U::values) * (u32)(U::bytes & 15)) & 15u);
 }
 
 // Issue the copies of the raw units of stage st of the block's MF_BM rows into dst (rows RAW_LD bytes apart): copy i
 // = tid + MF_THREADS j takes 16-byte line i % pieces of row i / pieces's unit (which may start anywhere in a line), so
-// that a warp's copies cover a few rows' consecutive lines (one row per thread: 32 rows and lines a copy instruction)
+// that a warp's copies cover a few rows' consecutive lines (one row per thread: 32 rows and lines a copy instruction).
+// Offsets are 32-bit from the block's first row wb (w + row0 * row_bytes; its address mod 16 is boff): a block's
+// MF_BM rows span less than 4 GB.
 template <int T, int KT, int RAW_LD>
-__device__ __forceinline__ void mf_load_raw(const u8* __restrict__ w, u8* dst, int st, int row0, int m,
-                                            long long row_bytes) {
+__device__ __forceinline__ void mf_load_raw(const u8* __restrict__ wb, u32 boff, u8* dst, int st, int rows,
+                                            u32 row_bytes) {
     using U = MfUnit<T, KT>;
     static_assert(U::pieces * 16 <= RAW_LD, "a unit's raw bytes exceed the row's shared memory");
+    const u32 in_row = (u32)(st * KT / U::values) * U::bytes;              // the unit's first byte in its row
+    const u32 in_row_end = min(in_row + U::bytes, row_bytes);
 #pragma unroll
     for (int j = 0; j < (MF_BM * U::pieces + MF_THREADS - 1) / MF_THREADS; ++j) {
         const int i = threadIdx.x + MF_THREADS * j, r = i / U::pieces, piece = i % U::pieces;
-        if (i >= MF_BM * U::pieces || row0 + r >= m) continue;
-        const long long start = mf_unit_start<T, KT>(row0 + r, st, row_bytes);
-        const long long end = min(start + U::bytes, (long long)(row0 + r + 1) * row_bytes);
-        const long long at = (start & ~15LL) + piece * 16;
-        if (at < end) cp_async16(dst + r * RAW_LD + piece * 16, w + at, 16);
+        if (i >= MF_BM * U::pieces || r >= rows) continue;
+        const u32 row_at = (u32)r * row_bytes;
+        const int at = (int)(((boff + row_at + in_row) & ~15u) - boff) + piece * 16;   // may be -boff: in w
+        if (at < (int)(row_at + in_row_end)) cp_async16(dst + r * RAW_LD + piece * 16, wb + at, 16);
     }
 }
 
@@ -89,7 +89,9 @@ __device__ __forceinline__ void mf_load_raw(const u8* __restrict__ w, u8* dst, i
 template <int T, int BN>
 __device__ __forceinline__ void mf_load_stage(const u8* __restrict__ w, const u16* __restrict__ x, u8* smem, int buf,
                                               int st, int row0, int col0, int m, int n, int k, long long row_bytes) {
-    mf_load_raw<T, MF_KT, MF_RAW_LD>(w, smem + MfLayout<BN>::raw + buf * MF_RAW_BYTES, st, row0, m, row_bytes);
+    const long long first = (long long)row0 * row_bytes;
+    mf_load_raw<T, MF_KT, MF_RAW_LD>(w + first, (u32)(first & 15), smem + MfLayout<BN>::raw + buf * MF_RAW_BYTES, st,
+                                     min(MF_BM, m - row0), (u32)row_bytes);
     const int tid = threadIdx.x;
     const int cl = tid / 16, kk = st * MF_KT + (tid % 16) * 8;
     const u16* src = x + (long long)(col0 + cl) * k + kk;
@@ -117,10 +119,15 @@ __device__ __forceinline__ u32 f16x2_fma(u32 a, u32 b, u32 c) {
     asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
 }
-// int8 values 2i, 2i + 1 of a word as an exact f16 pair, from the word with 128 added to each byte (v ^ 0x80808080):
-// each byte under the exponent of 1024, less 1152
-__device__ __forceinline__ u32 int8_pair_f16(u32 v_biased, int i) {
-    return f16x2_sub(__byte_perm(v_biased, 0x64646464u, i ? 0x4342 : 0x4140), 0x64806480u);
+// unpack<T>'s values as code_pair_f16 takes them: as they are where they are never negative (the types with a min,
+// TypeTraits::has_min: their codes), else with 128 added to each byte
+template <int T> __device__ __forceinline__ u32 code_word(int v) {
+    return TypeTraits<T>::has_min ? (u32)v : (u32)v ^ 0x80808080u;
+}
+// values 2i, 2i + 1 of a code_word as an exact f16 pair: each byte under the exponent of 1024, less 1024 (or 1152)
+template <int T> __device__ __forceinline__ u32 code_pair_f16(u32 word, int i) {
+    return f16x2_sub(__byte_perm(word, 0x64646464u, i ? 0x4342 : 0x4140),
+                     TypeTraits<T>::has_min ? 0x64006400u : 0x64806480u);
 }
 
 template <int T, int BN>
@@ -173,7 +180,7 @@ mmq_f16(const u8* __restrict__ w, const u16* __restrict__ x, float* __restrict__
                 u32 h[4];
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
-                    h[e] = f16x2_fma(int8_pair_f16((u32)v[2 * q + (e >> 1)] ^ 0x80808080u, e & 1), d2[q >> 1],
+                    h[e] = f16x2_fma(code_pair_f16<T>(code_word<T>(v[2 * q + (e >> 1)]), e & 1), d2[q >> 1],
                                      m2[q >> 1]);
                 dst[q] = make_uint4(h[0], h[1], h[2], h[3]);
             }
@@ -211,7 +218,8 @@ mmq_f16(const u8* __restrict__ w, const u16* __restrict__ x, float* __restrict__
 // (unpack<T>, 32 values) and gives its values 4s .. 4s + 3 to k-step s = 0..7 as the fragment's k positions 2t, 2t + 1
 // (values 4s, 4s + 1) and 2t + 8, 2t + 9 (4s + 2, 4s + 3): the warp's k order is permuted inside its steps, and the
 // activations alike, which lane (g, t) reads as values 4s .. 4s + 3 of chunk c of column 8 nb + g (one 16-byte load
-// for steps s and s + 1). Weights are made as in mmq_f16 (one f16 fma with the chunk's d and m rounded to f16).
+// for steps s and s + 1). Weights are made as in mmq_f16 (code_pair_f16, then one f16 fma with the chunk's d and m
+// rounded to f16).
 // The two k-warps' sums meet in shared memory at the end (k-warp 0's + k-warp 1's). Split-k as mmq_f16's.
 // Launch rule (mmq_f16.mmq_f16, where mmq_f16.takes_small): NB = 1, 2, 4 or 8 (the fewest 8-column tiles holding
 // n), S = build.mmq_f16_small_stages(T, NB), block MF_THREADS, grid (ceil(m / MF_BM), ceil(n / (8 NB)), splits),
@@ -251,14 +259,21 @@ mmq_f16_small(const u8* __restrict__ w, const u16* __restrict__ x, float* __rest
         if (dyn < (u32)(S * L::bytes)) __trap();
     }
 
+    const long long first = (long long)row0 * row_bytes;
+    const u8* wb = w + first;                                  // the block's first row
+    const u32 boff = (u32)(first & 15);
+    const int rows = min(MF_BM, m - row0);
+    const u16* xb = x + (long long)col0 * k;                   // the block's first column: [8 NB][k] 32-bit offsets
     auto load = [&](int buf, int st) {                         // issue stage st's copies into buffer buf
         u8* base = smem + buf * L::bytes;
-        mf_load_raw<T, MFS_KT, L::raw_ld>(w, base, st, row0, m, row_bytes);
-        for (int i = tid; i < 8 * NB * 32; i += MF_THREADS) {   // (column, chunk, 16-byte piece)
-            const int col = i >> 5, ch = (i >> 2) & 7, p = i & 3, kk = st * MFS_KT + ch * 32 + p * 8;
+        mf_load_raw<T, MFS_KT, L::raw_ld>(wb, boff, base, st, rows, (u32)row_bytes);
+#pragma unroll
+        for (int j = 0; j < (8 * NB * 32 + MF_THREADS - 1) / MF_THREADS; ++j) {   // (column, chunk, 16-byte piece)
+            const int i = tid + MF_THREADS * j, col = i >> 5, kk = st * MFS_KT + (i & 31) * 8;
+            if (i >= 8 * NB * 32) continue;
             const bool ok = col0 + col < n && kk < k;
-            cp_async16(base + L::raw + col * MFS_XCOL + ch * MFS_XCHUNK + p * 16,
-                       ok ? x + (long long)(col0 + col) * k + kk : x, ok ? 16 : 0);
+            cp_async16(base + L::raw + col * MFS_XCOL + ((i >> 2) & 7) * MFS_XCHUNK + (i & 3) * 16,
+                       ok ? xb + (u32)col * (u32)k + kk : x, ok ? 16 : 0);
         }
     };
 
@@ -276,7 +291,7 @@ mmq_f16_small(const u8* __restrict__ w, const u16* __restrict__ x, float* __rest
         if (st + S - 1 < st1) load((st - st0 + S - 1) % S, st + S - 1);
         cp_async_commit();
         const u8* base = smem + buf * L::bytes;
-        // the lane's chunk of rows g, g + 8 of each tile: int8 values biased by 128 (int8_pair_f16), d and m as pairs
+        // the lane's chunk of rows g, g + 8 of each tile: its code words (code_word), d and m as pairs
         u32 wv[2][2][8], d2[2][2][2], m2[2][2][2];           // [tile][row g, g + 8][word] / [half]
 #pragma unroll
         for (int i = 0; i < 2; ++i)
@@ -288,7 +303,7 @@ mmq_f16_small(const u8* __restrict__ w, const u16* __restrict__ x, float* __rest
                 if (row0 + r < m && st * 8 + c < chunks)
                     unpack<T>(base + r * L::raw_ld + mf_unit_offset<T, MFS_KT>(row0 + r, st, row_bytes), c, v, s);
 #pragma unroll
-                for (int e = 0; e < 8; ++e) wv[i][h][e] = (u32)v[e] ^ 0x80808080u;
+                for (int e = 0; e < 8; ++e) wv[i][h][e] = code_word<T>(v[e]);
 #pragma unroll
                 for (int q = 0; q < 2; ++q) {
                     d2[i][h][q] = f16x2_of(s.d[q], s.d[q]);
@@ -309,7 +324,7 @@ mmq_f16_small(const u8* __restrict__ w, const u16* __restrict__ x, float* __rest
                     u32 a[4];
 #pragma unroll
                     for (int f = 0; f < 4; ++f)                // a0, a1: values 4s, 4s + 1 of rows g, g + 8; a2, a3:
-                        a[f] = f16x2_fma(int8_pair_f16(wv[i][f & 1][s], f >> 1), d2[i][f & 1][half],  // 4s + 2, + 3
+                        a[f] = f16x2_fma(code_pair_f16<T>(wv[i][f & 1][s], f >> 1), d2[i][f & 1][half],  // 4s + 2, + 3
                                          m2[i][f & 1][half]);
 #pragma unroll
                     for (int nb = 0; nb < NB; ++nb)
