@@ -43,18 +43,28 @@ def assert_q8_1_written(gpu, y):
         assert cp.array_equal(got, ref)
 
 
+def assert_f16_written(gpu, y):
+    """The f16 form a kernel registered for y (dispatch.writes_f16: a mul_mat past the decode rows takes it) is
+    y.astype(float16), bit for bit."""
+    import cupy as cp
+    assert gpu.acts.x is y and "f16" in gpu.acts.forms
+    assert cp.array_equal(gpu.acts.forms["f16"].view(cp.uint16), y.astype(cp.float16).view(cp.uint16))
+
+
 @pytest.mark.parametrize("post_norm", [False, True])
 def test_add_rms_norm(backends, post_norm):
     import cupy as cp
     cpu, gpu, _ = backends
     rng = np.random.default_rng()
-    for shape in [(7, 640), (1, 576), (3, 2304), (1, 4096), (2, 5120), (1, 8192)]:
+    for shape in [(7, 640), (1, 576), (3, 2304), (1, 4096), (2, 5120), (1, 8192), (9, 576), (40, 4096)]:
         x, r = (rng.standard_normal(shape).astype(np.float32) * 3 for _ in range(2))
         w, wr = (rng.standard_normal(shape[-1]).astype(np.float32) for _ in range(2))
         ref_s, ref_y = cpu.add_rms_norm(x, r, w, 1e-6, r_norm=wr if post_norm else None)
         s, y = gpu.add_rms_norm(cp.asarray(x), cp.asarray(r), cp.asarray(w), 1e-6,
                                 r_norm=cp.asarray(wr) if post_norm else None)
         assert nmse(s.get(), ref_s) < 1e-12 and nmse(y.get(), ref_y) < 1e-12
+        if shape[0] >= 9:                             # more rows: y's f16 form comes with it, as a cast writes
+            assert_f16_written(gpu, y)
         if shape[0] <= 8:                             # a decode step: y's q8_1 blocks come with it, as quantize writes
             assert_q8_1_written(gpu, y)
             with forced(exact_decode=True):           # and at one row on 16-bit activations, their residual plane
@@ -170,6 +180,8 @@ def test_attention(backends, window, kind, d, n_head, n_kv, softcap, layout):
         assert nmse(out, ref) < bound, (gpu.kv_dtype, nmse(out, ref))
         if gpu.acts.x is res:                           # the decode kernel also wrote the output's q8_1 blocks
             assert_q8_1_written(gpu, res)
+            if n >= 9:                                  # (and past the decode rows its f16 form)
+                assert_f16_written(gpu, res)
             with forced(exact_decode=True):             # (at one row on 16-bit activations: the residual plane)
                 res = gpu.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), gcache, 0, batch, 0.125, window,
                                     softcap)
@@ -208,9 +220,13 @@ def test_glu_and_embed(backends):
     from engine.quants import GGMLType, dequantize, random_blocks
     cpu, gpu, _ = backends
     rng = np.random.default_rng()
-    g, u = (rng.standard_normal((5, 300)).astype(np.float32) * 3 for _ in range(2))
-    assert nmse(gpu.swiglu(cp.asarray(g), cp.asarray(u)).get(), cpu.swiglu(g, u)) < 1e-12
-    assert nmse(gpu.geglu(cp.asarray(g), cp.asarray(u)).get(), cpu.geglu(g, u)) < 1e-12
+    for rows in (5, 9, 33):                             # from 9 rows each writes its f16 form too
+        g, u = (rng.standard_normal((rows, 300)).astype(np.float32) * 3 for _ in range(2))
+        for ours, ref in ((gpu.swiglu, cpu.swiglu), (gpu.geglu, cpu.geglu)):
+            y = ours(cp.asarray(g), cp.asarray(u))
+            assert nmse(y.get(), ref(g, u)) < 1e-12
+            if rows >= 9:
+                assert_f16_written(gpu, y)
     blocks = random_blocks(GGMLType.Q8_0, 50 * 8, rng)
     table = upload(GGMLType.Q8_0, (50, 256), blocks)
     tokens = rng.integers(0, 50, 9).astype(np.int32)

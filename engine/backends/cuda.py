@@ -25,10 +25,15 @@ from .cuda_graphs import StepGraphs
 from .step_shapes import warm_up_shapes
 
 
-_swiglu = cp.ElementwiseKernel("float32 g, float32 u", "float32 y", "y = g / (1.0f + expf(-g)) * u", "engine_swiglu")
-_geglu = cp.ElementwiseKernel(
-    "float32 g, float32 u", "float32 y",
-    "y = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u", "engine_geglu")
+_SWIGLU = "y = g / (1.0f + expf(-g)) * u"
+_GEGLU = "y = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u"
+_swiglu = cp.ElementwiseKernel("float32 g, float32 u", "float32 y", _SWIGLU, "engine_swiglu")
+_geglu = cp.ElementwiseKernel("float32 g, float32 u", "float32 y", _GEGLU, "engine_geglu")
+# the same, y also in f16 (its f16 form for the next mul_mat, dispatch.writes_f16)
+_swiglu_f16 = cp.ElementwiseKernel("float32 g, float32 u", "float32 y, float16 h", _SWIGLU + "; h = y",
+                                   "engine_swiglu_f16")
+_geglu_f16 = cp.ElementwiseKernel("float32 g, float32 u", "float32 y, float16 h", _GEGLU + "; h = y",
+                                  "engine_geglu_f16")
 
 
 def norm_threads(d: int) -> int:
@@ -189,16 +194,19 @@ class CUDABackend(Backend):
         s, y = cp.empty_like(x), cp.empty_like(x)
         rows = x.size // d
         null = np.uint64(0)
-        qs = ds = rs = null
+        qs = ds = rs = h = null
         if 0 < rows <= 8 and d % 32 == 0:              # a decode step: y goes to MMVQ, write its q8_1 blocks too
             planes = self._q8_1_planes(rows, d)
             self.acts.put_q8_1(y, planes)
             qs, ds, *residual = planes
             rs = residual[0] if residual else null
+        if dispatch.writes_f16(rows):                  # more rows: y's f16 form, for mmq_f16 or cuBLAS
+            h = cp.empty(x.shape, cp.float16)
+            self.acts.put_f16(y, h)
         if rows:
             kernel("rms_norm", f"add_rms_norm<{norm_values(d)}>")(
                 (rows,), (norm_threads(d),),
-                (x, r, r_norm if r_norm is not None else null, w, s, y, qs, ds, rs, np.int32(d), np.float32(eps)))
+                (x, r, r_norm if r_norm is not None else null, w, s, y, qs, ds, rs, h, np.int32(d), np.float32(eps)))
         return s, y
 
     def rope_qk(self, q, k, positions, inv_freq, neox, q_norm=None, k_norm=None, eps=0.0, mscale=1.0):
@@ -353,15 +361,19 @@ class CUDABackend(Backend):
         out = cp.empty((n, n_head, d), cp.float32)
         part = cp.empty((n, n_head, max_chunks, d + 4), cp.float32)  # per chunk: max, sum, -, -, output[head_dim]
         qs, ds, *rs = self._q8_1_planes(n, n_head * d)               # out as q8_1 (and its residual plane)
+        h16 = cp.empty((n, n_head * d), cp.float16) if dispatch.writes_f16(n) else None   # and in f16
         none = np.uint64(0)
         launch.with_smem(kernel("attention", dk.name), dk.smem)(
             (n, blocks, n_split), (32, build.constants("attention")["DECODE_WARPS"]),
             (q, cache.k[layer], cache.v[layer], out, tabs, positions, *paging, np.int32(n_head), np.int32(n_kv),
              np.int32(d), np.float32(scale), np.int32(window or 0), np.float32(softcap), part, np.int32(max_chunks),
-             self._tickets, qs, ds, rs[0] if rs else none, *((k, v) if k is not None else (none, none))),
+             self._tickets, qs, ds, rs[0] if rs else none, none if h16 is None else h16,
+             *((k, v) if k is not None else (none, none))),
             shared_mem=dk.smem)
         out = out.reshape(n, n_head * d)
         self.acts.put_q8_1(out, (qs, ds, *rs))
+        if h16 is not None:
+            self.acts.put_f16(out, h16)
         return out
 
     @staticmethod
@@ -413,10 +425,18 @@ class CUDABackend(Backend):
         (launch.attention_prefill_mma if mma else launch.attention_prefill_simt)(d, (blocks, n_head), pargs)
 
     def swiglu(self, gate, up):
-        return _swiglu(gate, up)
+        return self._glu_act(_swiglu, _swiglu_f16, gate, up)
 
     def geglu(self, gate, up):
-        return _geglu(gate, up)
+        return self._glu_act(_geglu, _geglu_f16, gate, up)
+
+    def _glu_act(self, plain, with_f16, gate, up):
+        """act(gate) * up, with its f16 form registered for the next mul_mat where dispatch.writes_f16."""
+        if gate.ndim != 2 or not dispatch.writes_f16(gate.shape[0]):
+            return plain(gate, up)
+        y, h = with_f16(gate, up)
+        self.acts.put_f16(y, h)
+        return y
 
     def add(self, a, b):
         return a + b

@@ -116,6 +116,16 @@ def residual_rows(n: int) -> bool:
     return current().exact_decode and n <= mmvq_launch.RESIDUAL_MAX_COLS
 
 
+F16_FORM_MIN_ROWS = 9     # from this many rows the kernels that write an activation (the norms, decode attention, the
+                          # GLU activations) also write its f16 form for the next mul_mat: past a decode step's MMVQ
+                          # columns (their q8_1 blocks), where mmq_f16 and dequantize + cuBLAS take f16
+
+
+def writes_f16(rows: int) -> bool:
+    """Whether a kernel writing an activation of `rows` rows also writes its f16 form (F16_FORM_MIN_ROWS)."""
+    return rows >= F16_FORM_MIN_ROWS
+
+
 class Activations:
     """Forms of the last activation array multiplied (q8_1 blocks, with its residual plane, f16), reused while the
     next mul_mats take the same array (q, k and v; gate and up). Arrays are treated as immutable."""
@@ -144,6 +154,10 @@ class Activations:
     def put_q8_1(self, x, q8) -> None:
         """x's q8_1 blocks (qs, ds), or (qs, ds, rs) with the residual plane, made by the kernel that wrote x."""
         self._forms_of(x)["q8_1r" if len(q8) == 3 else ("q8_1", None)] = tuple(q8)
+
+    def put_f16(self, x, h) -> None:
+        """x's f16 form (x.astype(float16), bit for bit), made by the kernel that wrote x."""
+        self._forms_of(x)["f16"] = h
 
     def f16(self, x):
         import cupy

@@ -28,7 +28,8 @@
 // order into out, so a token's output does not depend on n_split or on the other rows of the batch. When qs is not
 // null it writes out's q8_1 blocks (qs : [n, n_head * head_dim] int8, ds : [n, n_head * head_dim / 16] float2, as
 // quantize_q8_1 writes them), and when rs is not null their residual plane (rs : as qs; common.cuh
-// warp_store_q8_1). When k_new, v_new ([n, n_kv, head_dim] f32) are given - a decode step, one token per sequence,
+// warp_store_q8_1); when h16 is not null, out in f16 too (h16 : [n, n_head * head_dim], round to nearest even, as a
+// cast: its f16 form for the next mul_mat). When k_new, v_new ([n, n_kv, head_dim] f32) are given - a decode step, one token per sequence,
 // so no block reads another token's new key - the block that takes the last chunk stores its token's k, v in the
 // cache before reading it (kv_store's work, one launch less).
 //   part : [n, n_head, max_chunks, head_dim + 4] f32, per chunk (max score m, sum l, 2 unused, unnormalized
@@ -234,13 +235,13 @@ __device__ __forceinline__ void decode_store_new(const float* __restrict__ k_new
 
 // attention_decode's (and attention_decode_mma's) last step: the block's chunk states are in part; the last block of
 // the (token, group) to finish merges the chunks' states in chunk order into out (and out's q8_1 blocks when qs is
-// not null; s_out: shared memory for gq * head_dim floats).
+// not null, its f16 form when h16 is; s_out: shared memory for gq * head_dim floats).
 template <int GM>
 __device__ __forceinline__ void decode_finish(float* __restrict__ out, const float* part, int* __restrict__ counters,
                                               signed char* __restrict__ qs, float2* __restrict__ ds,
-                                              signed char* __restrict__ rs, float* s_out, int tok, int n_head,
-                                              int h0, int gq, int head_dim, int max_chunks, int n_chunks,
-                                              int n_split, int tid) {
+                                              signed char* __restrict__ rs, u16* __restrict__ h16, float* s_out,
+                                              int tok, int n_head, int h0, int gq, int head_dim, int max_chunks,
+                                              int n_chunks, int n_split, int tid) {
     const int lane = tid & 31, w = tid >> 5;
     __threadfence();                                    // this block's chunk states are visible before the ticket
     __shared__ int s_ticket;
@@ -293,6 +294,8 @@ __device__ __forceinline__ void decode_finish(float* __restrict__ out, const flo
         const float sum = s_sum[g];
         const float4 v = make_float4(a.x / sum, a.y / sum, a.z / sum, a.w / sum);
         *(float4*)(out + th * head_dim + d) = v;
+        if (h16 != nullptr)
+            *(uint2*)(h16 + th * head_dim + d) = make_uint2(pack_f16x2(v.x, v.y), pack_f16x2(v.z, v.w));
         *(float4*)(s_out + e) = v;
     }
     if (qs == nullptr) return;
@@ -311,7 +314,7 @@ attention_decode(const float* __restrict__ q, KV* cache_k, KV* cache_v, float* _
                  int width, int shift, int rows, int n_head, int n_kv, int head_dim, float scale, int window,
                  float softcap, float* __restrict__ part, int max_chunks, int* __restrict__ counters,
                  signed char* __restrict__ qs, float2* __restrict__ ds, signed char* __restrict__ rs,
-                 const float* __restrict__ k_new, const float* __restrict__ v_new) {
+                 u16* __restrict__ h16, const float* __restrict__ k_new, const float* __restrict__ v_new) {
     constexpr int LPK = DP / 8, KPW = 32 / LPK, GROUPS = DECODE_WARPS * KPW;   // lanes per key, keys per warp
     __shared__ float s_m[DECODE_WARPS][GMAX], s_l[DECODE_WARPS][GMAX];
     __shared__ float s_acc[DECODE_WARPS][GMAX][DP];
@@ -448,7 +451,7 @@ attention_decode(const float* __restrict__ q, KV* cache_k, KV* cache_v, float* _
         }
         __syncthreads();                                // s_* are read before the next chunk writes them
     }
-    decode_finish<GMAX>(out, part, counters, qs, ds, rs, &s_acc[0][0][0], tok, n_head, h0, gq, head_dim,
+    decode_finish<GMAX>(out, part, counters, qs, ds, rs, h16, &s_acc[0][0][0], tok, n_head, h0, gq, head_dim,
                         max_chunks, n_chunks, n_split, tid);
 }
 
@@ -473,7 +476,7 @@ attention_decode_mma(const float* __restrict__ q, u16* cache_k, u16* cache_v, fl
                      int width, int shift, int rows, int n_head, int n_kv, int head_dim, float scale, int window,
                      float softcap, float* __restrict__ part, int max_chunks, int* __restrict__ counters,
                      signed char* __restrict__ qs, float2* __restrict__ ds, signed char* __restrict__ rs,
-                     const float* __restrict__ k_new, const float* __restrict__ v_new) {
+                     u16* __restrict__ h16, const float* __restrict__ k_new, const float* __restrict__ v_new) {
     constexpr int LDS = D + 8, R = DECODE_MMA_ROWS, BK = DECODE_MMA_KEYS, TILE = 2 * BK * LDS;   // TILE: K then V
     extern __shared__ __align__(16) u16 dm_smem[];
     u16* sQ = dm_smem;                          // [R][LDS] the queries, scaled (log2 units), f16
@@ -575,7 +578,7 @@ attention_decode_mma(const float* __restrict__ q, u16* cache_k, u16* cache_v, fl
         }
         __syncthreads();                        // sO is read before the next chunk's tiles load
     }
-    decode_finish<R>(out, part, counters, qs, ds, rs, (float*)sKV, tok, n_head, h0, gq, D, max_chunks, n_chunks,
+    decode_finish<R>(out, part, counters, qs, ds, rs, h16, (float*)sKV, tok, n_head, h0, gq, D, max_chunks, n_chunks,
                      n_split, tid);
 }
 

@@ -5,7 +5,8 @@
 //   x, r, s, y : [rows, d] f32; w, wr : [d] f32 (wr may be null)
 //   When qs is not null, y is also written as q8_1 blocks for MMVQ (exactly as quantize_q8_1 writes them, d a
 //   multiple of 32): qs : [rows, d] int8, ds : [rows, d/16] float2; and when rs is not null its residual plane
-//   rs : [rows, d] int8 (common.cuh warp_store_q8_1).
+//   rs : [rows, d] int8 (common.cuh warp_store_q8_1). When h is not null, y is also written in f16 (round to nearest
+//   even, as a cast): h : [rows, d] f16.
 // Thread t of a row's block holds values t, t + blockDim.x, ... (at most NV of them) in registers: every load is
 // issued before the first reduction, and nothing is read twice. A warp holds 32 consecutive values, as the q8_1
 // blocks need. fp32 sums through shared memory (block_sum), each thread's values added in order.
@@ -40,8 +41,8 @@ template <int NV>
 __global__ void __launch_bounds__(1024)
 add_rms_norm(const float* __restrict__ x, const float* __restrict__ r, const float* __restrict__ wr,
              const float* __restrict__ w, float* __restrict__ s_out, float* __restrict__ y,
-             signed char* __restrict__ qs, float2* __restrict__ ds, signed char* __restrict__ rs, int d,
-             float eps) {
+             signed char* __restrict__ qs, float2* __restrict__ ds, signed char* __restrict__ rs,
+             u16* __restrict__ h, int d, float eps) {
     const long long row = (long long)blockIdx.x * d;
     float sv[NV], rv[NV], wv[NV], wrv[NV];
 #pragma unroll
@@ -76,6 +77,7 @@ add_rms_norm(const float* __restrict__ x, const float* __restrict__ r, const flo
         if (i >= d) break;                              // every lane of a warp takes the same trips (d % 32 == 0)
         const float v = sv[k] * inv * wv[k];
         y[row + i] = v;
+        if (h != nullptr) h[row + i] = f2h(v);
         if (qs == nullptr) continue;
         warp_store_q8_1(v, lane, qs + row + i - lane, ds + (row + i - lane) / 16,       // lanes: 32 consecutive values
                         rs == nullptr ? nullptr : rs + row + i - lane);
