@@ -29,9 +29,9 @@
 // null it writes out's q8_1 blocks (qs : [n, n_head * head_dim] int8, ds : [n, n_head * head_dim / 16] float2, as
 // quantize_q8_1 writes them), and when rs is not null their residual plane (rs : as qs; common.cuh
 // warp_store_q8_1); when h16 is not null, out in f16 too (h16 : [n, n_head * head_dim], round to nearest even, as a
-// cast: its f16 form for the next mul_mat). When k_new, v_new ([n, n_kv, head_dim] f32) are given - a decode step, one token per sequence,
-// so no block reads another token's new key - the block that takes the last chunk stores its token's k, v in the
-// cache before reading it (kv_store's work, one launch less).
+// cast: its f16 form for the next mul_mat). When k_new, v_new ([n, n_kv, head_dim] f32) are given - a decode step,
+// one token per sequence, so no block reads another token's new key - the block that takes the last chunk stores its
+// token's k, v in the cache before reading it (kv_store's work, one launch less).
 //   part : [n, n_head, max_chunks, head_dim + 4] f32, per chunk (max score m, sum l, 2 unused, unnormalized
 //   output[head_dim]);
 //   max_chunks >= the chunks of the longest sequence (decode_chunks); counters : [n * gridDim.y] int32, zero before
