@@ -58,6 +58,8 @@ class BlockManager:
         self.children: dict[bytes, set[int]] = {}                 # digest -> blocks holding tokens right after it
         self.empty: deque[int] = deque(range(n_blocks))           # free blocks that hold nothing
         self.cached: OrderedDict[int, None] = OrderedDict()       # free blocks with contents, least recent first
+        # the tokens match() last walked and the digests of their first full blocks (keys[j]: through block j)
+        self._walked: tuple[np.ndarray, list[bytes]] = (np.zeros(0, np.int32), [])
 
     # -- free blocks --------------------------------------------------------------------------------------------
     @property
@@ -87,11 +89,21 @@ class BlockManager:
     def hold(self, b: int) -> None:
         """One more sequence holds block b (a shared prefix block, or a free one taken over)."""
         if self.ref[b] == 0:
-            if b in self.cached:
-                del self.cached[b]
-            else:
-                self.empty.remove(b)
+            self._unfree(b)
         self.ref[b] += 1
+
+    def hold_all(self, blocks: list[int]) -> None:
+        """hold(b) for each of blocks (distinct: a prefix's full blocks), the counts in one numpy step."""
+        idx = np.asarray(blocks, np.int64)
+        for b in idx[self.ref[idx] == 0]:
+            self._unfree(int(b))
+        self.ref[idx] += 1
+
+    def _unfree(self, b: int) -> None:
+        if b in self.cached:
+            del self.cached[b]
+        else:
+            self.empty.remove(b)
 
     def release(self, b: int) -> None:
         """A sequence lets go of block b; nobody holding it, it stays cached with its contents (or is emptied)."""
@@ -168,12 +180,12 @@ class BlockManager:
         limit = min(limit, len(tokens))
         if not self.caching:
             return blocks, -1, 0
-        while i + self.size <= limit:
-            b = self.full.get(block_key(parent, tokens[i:i + self.size]))
+        for key in self._digests(tokens, limit // self.size):
+            b = self.full.get(key)
             if b is None:
                 break
             blocks.append(b)
-            parent = self.key[b]
+            parent = key
             i += self.size
         kids, m = self.children.get(parent), min(self.size, limit - i)
         if not kids or m <= 0:
@@ -185,6 +197,21 @@ class BlockManager:
         held = np.minimum(held, self.length[cand])
         j = int(np.argmax(held))                                                   # the first of the longest
         return (blocks, int(cand[j]), int(held[j])) if held[j] > 0 else (blocks, -1, 0)
+
+    def _digests(self, tokens: np.ndarray, n_blocks: int):
+        """The digests through each of tokens' first n_blocks full blocks, in order, made as they are asked for;
+        those of the blocks tokens share with the tokens walked last are reused (a burst of prompts after one
+        system text digests it once: 125 blocks of a 2,000-token text took ~0.4 ms a request)."""
+        if n_blocks <= 0:
+            return
+        ids, known = self._walked
+        same = min(common_prefix(ids, tokens, n_blocks * self.size) // self.size, len(known))
+        keys = known[:same]
+        self._walked = (np.array(tokens[:n_blocks * self.size], np.int32), keys)
+        for j in range(n_blocks):
+            if j == len(keys):
+                keys.append(block_key(keys[-1] if keys else ROOT, tokens[j * self.size:(j + 1) * self.size]))
+            yield keys[j]
 
     def parent_of(self, table: list[int], j: int) -> bytes:
         """The digest before block j of a sequence's table (its blocks before j are full)."""

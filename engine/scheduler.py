@@ -261,11 +261,10 @@ class Scheduler:
         copy = not take and n >= self.min_copy
         n = n if take or copy else 0
         needed = -(-len(seq.fill) // bs)
-        leaving = needed - len(shared) + sum(B.ref[b] == 0 for b in shared)   # new blocks, and cached ones held
+        leaving = needed - len(shared) + int(np.count_nonzero(B.ref[shared] == 0))   # new blocks, cached ones held
         if leaving + self._reserve() > B.n_free:
             return False
-        for b in shared:
-            B.hold(b)
+        B.hold_all(shared)
         table = list(shared)
         if take:
             B.hold(cand)
@@ -315,8 +314,7 @@ class Scheduler:
         full, part = divmod(n, bs)
         if (part > 0) + self._reserve() > B.n_free:
             return False
-        for b in donor.blocks[:full]:
-            B.hold(b)
+        B.hold_all(donor.blocks[:full])
         self._admitted(seq, donor.blocks[:full] + ([self._copied(donor.blocks[full], part)] if part else []))
         seq.prefilled = seq.pos = seq.cached = n
         seq.prompt_logits = donor.prompt_logits

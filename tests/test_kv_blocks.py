@@ -89,6 +89,54 @@ def test_match_takes_the_child_holding_the_longest_prefix():
     assert m.match(t, len(t) + 5) == m.match(t, len(t))          # a limit past the tokens: all of them
 
 
+def test_match_reusing_the_last_walk_finds_what_a_fresh_manager_finds():
+    """match() reuses the digests of the blocks a prompt shares with the one walked before it: over prompts that share
+    random prefixes with earlier ones (cut anywhere, inside a block too) and with the cache, every answer and every
+    digest is what digesting each prompt from scratch gives."""
+    rng = np.random.default_rng()
+    size = 4
+    m = BlockManager(200, size)
+    base = rng.integers(0, 3, 60)
+    parent, held = ROOT, []                               # the cache holds base's first 10 full blocks
+    for j in range(10):
+        b = m.allocate()
+        parent = m.write(b, parent, 0, base[j * size:(j + 1) * size])
+        held.append(b)
+    prompts = [base]
+    for _ in range(300):
+        src = prompts[int(rng.integers(len(prompts)))]
+        cut = int(rng.integers(0, len(src) + 1))
+        t = np.concatenate([src[:cut], rng.integers(0, 3, int(rng.integers(0, 20)))])
+        limit = int(rng.integers(0, len(t) + 1))
+        fresh, key, i = [], ROOT, 0
+        while i + size <= limit:
+            key = block_key(key, t[i:i + size])
+            b = m.full.get(key)
+            if b is None:
+                break
+            fresh.append(b)
+            i += size
+        assert m.match(t, limit)[0] == fresh, (cut, limit)
+        walked, keys = m._walked
+        for j, k in enumerate(keys):                      # the kept digests are those of the walked tokens
+            assert k == (block_key(keys[j - 1] if j else ROOT, walked[j * size:(j + 1) * size]))
+        prompts.append(t)
+
+
+def test_hold_all_equals_hold_one_by_one():
+    a, b = BlockManager(8, 2), BlockManager(8, 2)
+    for m in (a, b):
+        x, y, z = m.allocate(), m.allocate(), m.allocate()
+        k = m.write(x, ROOT, 0, [1, 2])
+        m.write(y, k, 0, [3, 4])
+        m.release(x)                                      # x cached, y held, z held
+        m.release(z)
+    a.hold_all([0, 1, 2])
+    for blk in (0, 1, 2):
+        b.hold(blk)
+    assert np.array_equal(a.ref, b.ref) and list(a.cached) == list(b.cached) and list(a.empty) == list(b.empty)
+
+
 @pytest.mark.parametrize("kv_type", [None, "q8_0"])
 def test_copy_prefix_copies_every_layer_and_only_the_prefix(kv_type):
     """A block's first n positions go to another block in every layer's keys, values (and q8_0 scales); nothing
