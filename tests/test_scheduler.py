@@ -237,6 +237,17 @@ def test_logit_bias(model):
         Scheduler(rt).submit(Request(prompt, max_tokens=2, logit_bias={N_VOCAB: 1.0}), lambda ev: None)
 
 
+def test_prompt_token_ids_outside_the_vocabulary_are_refused(model):
+    rt = Runtime.load(model, device="cpu", n_ctx=64, n_seq=1)
+    sched = Scheduler(rt)
+    for bad in ([N_VOCAB], [3, -1], [2 ** 70], [[1, 2]]):
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            sched.submit(Request([5] + bad, max_tokens=2), lambda ev: None)
+    assert not sched.waiting
+    sched.submit(Request([0, N_VOCAB - 1], max_tokens=2), lambda ev: None)      # both ends are ids
+    assert len(sched.waiting) == 1 and sched.waiting[0].prompt_ids.tolist() == [0, N_VOCAB - 1]
+
+
 def test_queue_time_is_reported(model):
     """With one KV slot, the second request waits for the first: its first token's event says how long."""
     rng = np.random.default_rng()
