@@ -3,6 +3,7 @@
 
     python scripts/gpu_profile.py step MODEL [--prompt 512] [--steps 64]
     python scripts/gpu_profile.py ncu-decode MODEL [B] [DEPTH]
+    python scripts/gpu_profile.py burst MODEL [--clients 32] [--prefix 2000] [--max-batch-tokens 512]
 
 step: where a forward pass spends its time on the GPU, per backend operation, and decode as graph vs whole step.
 prefill: one ubatch of --prompt tokens run eagerly with CUDA events around every backend operation (mul_mat split by
@@ -13,12 +14,17 @@ Then the same ubatch replayed from a CUDA graph: the whole prefill call and the 
 decode: the mean wall time of a whole decode step (Runtime.decode: input copy, graph replay, logits copy), of the
 graph replay alone (launch + synchronize), and of an eager step (graphs off).
 
+burst: the step that admits a burst of requests sharing a cached prefix (bench.py burst's scenario: the Scheduler
+warmed as engine serve warms it, one request, then --clients at once), CUDA events around every backend operation of
+that step, and the step's and its forward's wall time; the third round is timed (the first two compile and cache).
+
 ncu-decode: per-kernel GPU time of one decode step of B sequences (1; each first prefilled with DEPTH tokens, 64), read by
 Nsight Compute (ncu on the PATH): two eager decode steps under
 `ncu --clock-control none --csv --page raw --metrics gpu__time_duration.sum`, the time per kernel name of the second
 step, largest first, with the step's total.
 """
 import argparse
+import contextlib
 import csv
 import io
 import subprocess
@@ -39,47 +45,66 @@ OPS = ("embed", "mul_mat", "mul_mats", "glu", "rms_norm", "add_rms_norm", "rope"
        "rows")
 
 
+class OpTimer:
+    """CUDA events around every backend operation (OPS) while on; mul_mat, mul_mats and glu labelled by the path
+    dispatch takes. Eager steps only (events are not recorded inside a graph capture)."""
+
+    def __init__(self, backend):
+        self.backend, self.records = backend, []
+        self.originals = {name: getattr(backend, name) for name in OPS}
+
+    def __enter__(self):
+        import cupy as cp
+        B = self.backend
+
+        def wrap(name, fn):
+            def timed(*args, **kw):
+                label = name
+                if name in ("mul_mat", "mul_mats", "glu"):
+                    w = args[0][0] if name == "mul_mats" else args[0]
+                    x = args[2] if name == "glu" else args[-1]
+                    label = f"{name}/{dispatch.choose_path(w, x.shape[0])}"
+                a, b = cp.cuda.Event(), cp.cuda.Event()
+                a.record(B.stream)
+                out = fn(*args, **kw)
+                b.record(B.stream)
+                self.records.append((label, a, b))
+                return out
+            return timed
+        for name, fn in self.originals.items():
+            setattr(B, name, wrap(name, fn))
+        return self
+
+    def __exit__(self, *exc):
+        for name, fn in self.originals.items():
+            setattr(self.backend, name, fn)
+
+    def report(self, title: str) -> None:
+        import cupy as cp
+        self.backend.synchronize()
+        totals, counts = defaultdict(float), defaultdict(int)
+        for label, a, b in self.records:
+            totals[label] += cp.cuda.get_elapsed_time(a, b)
+            counts[label] += 1
+        gpu = sum(totals.values())
+        print(f"{title}, sum of op GPU times {gpu:.2f} ms")
+        for label in sorted(totals, key=totals.get, reverse=True):
+            print(f"  {label:<22} {counts[label]:>5} calls {totals[label]:8.3f} ms {100 * totals[label] / gpu:5.1f} %")
+
+
 def profile_prefill(rt, n):
-    import cupy as cp
     B = rt.backend
-    records = []
-    originals = {name: getattr(B, name) for name in OPS}
-
-    def wrap(name, fn):
-        def timed(*args, **kw):
-            label = name
-            if name in ("mul_mat", "glu"):
-                label = f"{name}/{dispatch.choose_path(args[0], args[-1 if name == 'mul_mat' else 2].shape[0])}"
-            a, b = cp.cuda.Event(), cp.cuda.Event()
-            a.record(B.stream)
-            out = fn(*args, **kw)
-            b.record(B.stream)
-            records.append((label, a, b))
-            return out
-        return timed
-
     tokens = np.random.default_rng(0).integers(100, rt.config.n_vocab - 100, n).tolist()
     graphs, B.graphs = B.graphs, None                    # eager, so that every operation can be timed
     rt.prefill(tokens)                                   # warm-up: compile and load every kernel
     B.synchronize()
-    for name in OPS:
-        setattr(B, name, wrap(name, originals[name]))
-    t0 = time.perf_counter()
-    rt.prefill(tokens)
-    B.synchronize()
-    wall = time.perf_counter() - t0
-    for name in OPS:
-        setattr(B, name, originals[name])
+    with OpTimer(B) as timer:
+        t0 = time.perf_counter()
+        rt.prefill(tokens)
+        B.synchronize()
+        wall = time.perf_counter() - t0
     B.graphs = graphs
-    totals, counts = defaultdict(float), defaultdict(int)
-    for label, a, b in records:
-        totals[label] += cp.cuda.get_elapsed_time(a, b)
-        counts[label] += 1
-    gpu = sum(totals.values())
-    print(f"prefill {n} tokens: wall {wall * 1e3:.2f} ms ({n / wall:,.0f} t/s), sum of op GPU times {gpu:.2f} ms")
-
-    for label in sorted(totals, key=totals.get, reverse=True):
-        print(f"  {label:<22} {counts[label]:>5} calls {totals[label]:8.3f} ms {100 * totals[label] / gpu:5.1f} %")
+    timer.report(f"prefill {n} tokens: wall {wall * 1e3:.2f} ms ({n / wall:,.0f} t/s)")
     if B.graphs is None:
         return
     for _ in range(2):                                   # eager, then captured (the second ubatch of this length)
@@ -184,6 +209,47 @@ def ncu_decode(model: str, b: int, depth: int = 64) -> None:
               f"{100 * totals[nm] / total:5.1f} %")
 
 
+def profile_burst(model: str, clients: int, prefix_len: int, max_batch_tokens: int) -> None:
+    from engine.sampling import SamplingParams
+    from engine.scheduler import Request, Scheduler
+    from server.core import warm_up
+    rt = Runtime.load(model, device="cuda", n_ctx=prefix_len + 304, n_seq=clients)
+    sched = Scheduler(rt, max_batch_tokens)
+    warm_up(rt, max_batch_tokens)
+    prefix, greedy = [60 + j % 100 for j in range(prefix_len)], SamplingParams(temperature=0)
+    forward, forwards = rt.forward, []
+
+    def timed_forward(*args):
+        t0 = time.perf_counter()
+        out = forward(*args)
+        rt.backend.synchronize()
+        forwards.append((len(args[0]), len(set(args[2])), time.perf_counter() - t0))
+        return out
+    rt.forward = timed_forward
+
+    def request(rnd, i, max_tokens):
+        question = [5 + (rnd * 37 + i * 7 + j) % 50 for j in range(20)]
+        sched.submit(Request(prefix + question, greedy, max_tokens=max_tokens, ignore_eos=True), lambda e: None)
+
+    for rnd in range(3):
+        request(rnd, -1, 4)
+        while sched.step():
+            pass
+        for i in range(clients):
+            request(rnd, i, 4)
+        forwards.clear()
+        timer = OpTimer(rt.backend)
+        with timer if rnd == 2 else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            sched.step()
+            step = time.perf_counter() - t0
+        while sched.step():
+            pass
+    rows, seqs, fwd = forwards[0]
+    timer.report(f"the step admitting {clients} requests: {rows} rows of {seqs} sequences, step {step * 1e3:.1f} ms, "
+                 f"forward {fwd * 1e3:.1f} ms")
+
+
 def main():
     ap = argparse.ArgumentParser(prog="gpu_profile.py")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -197,8 +263,15 @@ def main():
         p.add_argument("model")
         p.add_argument("b", nargs="?", type=int, default=1)
         p.add_argument("depth", nargs="?", type=int, default=64)
+    p = sub.add_parser("burst", help="per operation, the step admitting a burst that shares a cached prefix")
+    p.add_argument("model")
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--prefix", type=int, default=2000)
+    p.add_argument("--max-batch-tokens", type=int, default=512)
     args = ap.parse_args()
-    if args.cmd == "step":
+    if args.cmd == "burst":
+        profile_burst(args.model, args.clients, args.prefix, args.max_batch_tokens)
+    elif args.cmd == "step":
         rt = Runtime.load(args.model, device="cuda", n_ubatch=args.prompt)
         print(f"== {Path(rt.gguf.path).name}")
         profile_prefill(rt, args.prompt)
