@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The benchmarks, one entry point:
 
-    python scripts/bench.py mul-mat   [--reps 50] [--types q4_K,q8_0] [--ns 1,9,16] [--compare] [--graph]
+    python scripts/bench.py mul-mat   [--reps 50] [--types q4_K,q8_0] [--ns 1,9,16] [--compare] [--graph] [--paths dequantize,gemm]
     python scripts/bench.py attention [--n 512] [--reps 20] [--decode 4096,16384 --rows 1,32]
     python scripts/bench.py norm      [--d 576,640,2560,4096,8192] [--rows 1,32,512]
     python scripts/bench.py decode    MODEL [--npl 1,8,16,32] [--npp 128] [--ntg 128] [--scheduler | --churn]
@@ -14,7 +14,7 @@ running server.) Each subcommand's own description follows.
 
 mul-mat: Kernel benchmark at llama.cpp's test-backend-ops shapes: m = 4096, k = 14336, n in {1,2,3,4,5,8,512}.
 
-    python scripts/bench.py mul-mat [--reps 50] [--types q4_K,q8_0] [--ns 1,9,16] [--compare] [--graph]
+    python scripts/bench.py mul-mat [--reps 50] [--types q4_K,q8_0] [--ns 1,9,16] [--compare] [--graph] [--paths dequantize,gemm]
 
 Two times per (type, n, path), medians over reps with CUDA events, weights rotated over copies that together exceed
 the L2 cache:
@@ -170,9 +170,13 @@ def kernel_only(path, w, x, out):
         from engine.cuda.mmq_f16 import mmq_f16
         x16 = x.astype(cp.float16)
         return lambda wi: mmq_f16(wi, x16, out)
-    if path == "dequant":
+    if path in ("dequant", "dequantize", "gemm"):    # dequantize + cuBLAS, and each of its two halves alone
         deq = cp.empty((w.m, w.k), cp.float16)
         x16 = x.astype(cp.float16)
+        if path == "dequantize":
+            return lambda wi: launch.dequantize_into(wi, deq)
+        if path == "gemm":
+            return lambda wi: launch.gemm_xwt(x16, deq, out)
         return lambda wi: (launch.dequantize_into(wi, deq), launch.gemm_xwt(x16, deq, out))
     if path == "mmvf":
         return lambda wi: launch.mmvf(wi.data, x, out)
@@ -243,6 +247,8 @@ def mul_mat_main(argv):
     ap.add_argument("--types", default=",".join(DEFAULT_TYPES))
     ap.add_argument("--compare", action="store_true")
     ap.add_argument("--ns", default="", help="column counts (default: the issue's)")
+    ap.add_argument("--paths", default="", help="these paths instead (mmvq, mmq, mmq_f16, dequant, and dequant's "
+                                                 "halves alone: dequantize, gemm)")
     ap.add_argument("--decode-activations", default="q8_1", choices=("q8_1", "q16"),
                     help="one-column MMVQ on q8_1 activations (the default) or 16-bit ones")
     ap.add_argument("--graph", action="store_true",
@@ -272,9 +278,12 @@ def mul_mat_main(argv):
             if args.compare and info.quantized:
                 paths = (["mmvq"] if n <= mmvq_launch.mmvq_max_cols(int(t)) else []) + (
                     ["mmq"] if n >= 16 else []) + ["mmq_f16"] + (["dequant"] if n >= 16 else [])
+            if args.paths:
+                paths = args.paths.split(",")
             out = cp.empty((n, M), cp.float32)
             for path in paths:
-                call_us = time_call(lambda i: mul_mat(ws[i % len(ws)], x, path=path), args.reps)
+                call_us = time_call(lambda i: mul_mat(ws[i % len(ws)], x, path=path), args.reps) \
+                    if path not in ("dequantize", "gemm") else float("nan")
                 us = (time_graph if args.graph else time_batched)(kernel_only(path, w0, x, out), ws, args.reps)
                 rows.append((name, n, path, call_us, us, w0.nbytes / (us * 1e-6) / 1e9,
                              2 * M * n * K / (us * 1e-6) / 1e12))

@@ -58,8 +58,9 @@ def dequantize_into(w: GPUWeight, out, rows=None):
     n_rows = out.shape[0]
     dtype = "f16" if out.dtype == cp.float16 else "f32"
     chunks = n_rows * (w.k // 32)
+    threads = constants("dequantize")["DEQUANT_THREADS"]
     kernel("dequantize", f"dequantize_{dtype}<{int(w.type)}>")(
-        ((chunks + 255) // 256,), (256,),
+        ((chunks + threads - 1) // threads,), (threads,),
         (w.data, idx if idx is not None else np.uint64(0), out, np.int32(n_rows), np.int32(w.k),
          np.int64(w.row_bytes)))
     return out
