@@ -76,6 +76,12 @@ class FinishEvent:
     cached_tokens: int = 0              # prompt tokens taken from the KV cache instead of prefilled
 
 
+def same_prompt(a: list[int], b: list[int]) -> bool:
+    """a == b, the lengths and last tokens first (a burst's prompts share a long system text and part at the end: the
+    whole comparison walked the shared text for every pair)."""
+    return len(a) == len(b) and (not a or a[-1] == b[-1]) and a == b
+
+
 @dataclass
 class _Seq:
     id: int
@@ -220,7 +226,8 @@ class Scheduler:
                         seq.constraint = self._constraint(seq.req.grammar)
                 prompt = seq.req.prompt
                 donor = None if seq.resumed else next(
-                    (s for s in self.running if s.prompt_logits is not None and s.req.prompt == prompt), None)
+                    (s for s in self.running if s.prompt_logits is not None and same_prompt(s.req.prompt, prompt)),
+                    None)
                 placed = self._share(seq, donor) if donor is not None else self._place(seq)
             except Exception as e:     # this sequence fails alone
                 self._finish(seq, "error", f"{type(e).__name__}: {e}")
@@ -236,7 +243,7 @@ class Scheduler:
         """Whether seq should wait for other's prefill: the same prompt (its logits will be shared), or with prefix
         caching at least MIN_COPY_PREFIX tokens of their common prefix that other has not prefilled yet (what other
         has prefilled, seq finds in the cache now)."""
-        if not other.resumed and seq.req.prompt == other.req.prompt:
+        if not other.resumed and same_prompt(seq.req.prompt, other.req.prompt):
             return True
         limit = len(seq.fill) - 1
         if not self.prefix_cache or limit - other.prefilled < MIN_COPY_PREFIX:   # too little left to wait for (a
@@ -454,7 +461,8 @@ class Scheduler:
             s.pos = len(s.req.prompt)
             self.stats.prompt_tokens_total += s.pos
             self.running.append(s)
-        keep = [i for i, s in enumerate(completing) if any(w.req.prompt == s.req.prompt for w in self.waiting)]
+        keep = [i for i, s in enumerate(completing)
+                if any(same_prompt(w.req.prompt, s.req.prompt) for w in self.waiting)]
         for i in keep:                  # a follower with the same prompt waits: keep this prompt's logits
             completing[i].prompt_logits = self.rt.backend.rows(logits, np.array([len(decode) + i], np.int32))
         self._sample_and_emit(decode + completing, logits)

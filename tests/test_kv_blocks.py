@@ -90,8 +90,9 @@ def test_match_takes_the_child_holding_the_longest_prefix():
 
 
 def test_match_reusing_the_last_walk_finds_what_a_fresh_manager_finds():
-    """match() reuses the digests of the blocks a prompt shares with the one walked before it: over prompts that share
-    random prefixes with earlier ones (cut anywhere, inside a block too) and with the cache, every answer and every
+    """match() reuses the digests of the blocks a prompt shares with the one walked before it, and the blocks found for
+    them: over prompts that share random prefixes with earlier ones (cut anywhere, inside a block too) and with the
+    cache, while blocks are written, released, evicted and written over between the matches, every answer and every
     digest is what digesting each prompt from scratch gives."""
     rng = np.random.default_rng()
     size = 4
@@ -103,7 +104,7 @@ def test_match_reusing_the_last_walk_finds_what_a_fresh_manager_finds():
         parent = m.write(b, parent, 0, base[j * size:(j + 1) * size])
         held.append(b)
     prompts = [base]
-    for _ in range(300):
+    for _ in range(600):
         src = prompts[int(rng.integers(len(prompts)))]
         cut = int(rng.integers(0, len(src) + 1))
         t = np.concatenate([src[:cut], rng.integers(0, 3, int(rng.integers(0, 20)))])
@@ -117,10 +118,41 @@ def test_match_reusing_the_last_walk_finds_what_a_fresh_manager_finds():
             fresh.append(b)
             i += size
         assert m.match(t, limit)[0] == fresh, (cut, limit)
-        walked, keys = m._walked
+        walked, keys, _, _ = m._walked
         for j, k in enumerate(keys):                      # the kept digests are those of the walked tokens
             assert k == (block_key(keys[j - 1] if j else ROOT, walked[j * size:(j + 1) * size]))
         prompts.append(t)
+        churn = rng.integers(4)                           # the index changes between matches
+        if churn == 0 and len(t) >= size and m.n_free >= 6:    # a prompt's blocks written (new keys)
+            parent = ROOT
+            for j in range(min(len(t) // size, 6)):
+                b = m.allocate()                          # (evicting a cached block: its key goes)
+                parent = m.write(b, parent, 0, t[j * size:(j + 1) * size])
+                held.append(b)
+        elif churn == 1 and held:                         # a block released (stays cached, findable)
+            m.release(held.pop(int(rng.integers(len(held)))))
+        elif churn == 2 and held:                         # a held full block written over: its key goes
+            b = held[int(rng.integers(len(held)))]
+            m.write(b, m.parent[b], int(rng.integers(size)), rng.integers(0, 3, 1))
+
+
+def test_match_does_not_reuse_a_block_whose_key_left_the_index():
+    """A block found by the last walk and written over since (or evicted) is not found again for the same prefix."""
+    m = BlockManager(8, 2)
+    t = np.array([1, 2, 3, 4, 5, 6, 7], np.int32)
+    parent, blocks = ROOT, []
+    for j in range(3):
+        b = m.allocate()
+        parent = m.write(b, parent, 0, t[2 * j:2 * j + 2])
+        blocks.append(b)
+    assert m.match(t, 7)[0] == blocks
+    m.write(blocks[1], m.parent[blocks[1]], 1, [9])             # block 1 written over: its key goes, the walk stops
+    assert m.match(t, 7)[0] == blocks[:1]
+    m.release(blocks[0])
+    for _ in range(8 - 3):
+        m.allocate()                                              # the empty blocks first ...
+    m.allocate()                                                  # ... then the cached block 0, evicted
+    assert m.match(t, 7)[0] == []
 
 
 def test_hold_all_equals_hold_one_by_one():

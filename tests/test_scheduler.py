@@ -5,7 +5,7 @@ import pytest
 from conftest import run_requests
 from engine.runtime import Runtime
 from engine.sampling import SamplingParams
-from engine.scheduler import FinishEvent, Request, Scheduler, TokenEvent
+from engine.scheduler import FinishEvent, Request, Scheduler, TokenEvent, same_prompt
 from tiny_models import N_VOCAB, write_tiny
 
 
@@ -256,3 +256,11 @@ def test_queue_time_is_reported(model):
                                                  ignore_eos=True) for _ in range(2)])
     assert first[0].queue_seconds < second[0].queue_seconds and second[0].queue_seconds > 0
     assert all(e.queue_seconds == 0 for e in second[1:] if isinstance(e, TokenEvent))
+
+
+def test_same_prompt_is_list_equality():
+    rng = np.random.default_rng()
+    for _ in range(500):
+        a = rng.integers(0, 3, int(rng.integers(0, 6))).tolist()
+        b = a[:int(rng.integers(0, len(a) + 1))] + rng.integers(0, 3, int(rng.integers(0, 3))).tolist()
+        assert same_prompt(a, b) == (a == b) and same_prompt(b, a) == (a == b) and same_prompt(a, list(a))
