@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-import functools
 
+import functools
 import math
 import secrets
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The benchmarks, one entry point:
 
-    python scripts/bench.py mul-mat   [--reps 50] [--types q4_K,q8_0] [--ns 1,9,16] [--compare] [--graph] [--paths dequantize,gemm]
+    python scripts/bench.py mul-mat   [--reps 50] [--types q4_K,q8_0] [--ns 1,9,16] [--compare] [--graph]
+                                      [--paths dequantize,gemm]
     python scripts/bench.py attention [--n 512] [--reps 20] [--decode 4096,16384 --rows 1,32]
     python scripts/bench.py norm      [--d 576,640,2560,4096,8192] [--rows 1,32,512]
     python scripts/bench.py decode    MODEL [--npl 1,8,16,32] [--npp 128] [--ntg 128] [--scheduler | --churn]
@@ -14,7 +15,8 @@ running server.) Each subcommand's own description follows.
 
 mul-mat: Kernel benchmark at llama.cpp's test-backend-ops shapes: m = 4096, k = 14336, n in {1,2,3,4,5,8,512}.
 
-    python scripts/bench.py mul-mat [--reps 50] [--types q4_K,q8_0] [--ns 1,9,16] [--compare] [--graph] [--paths dequantize,gemm]
+    python scripts/bench.py mul-mat [--reps 50] [--types q4_K,q8_0] [--ns 1,9,16] [--compare] [--graph]
+                                    [--paths dequantize,gemm]
 
 Two times per (type, n, path), medians over reps with CUDA events, weights rotated over copies that together exceed
 the L2 cache:
@@ -25,6 +27,7 @@ the L2 cache:
 TOPS = 2*m*n*k / kernel_us; weight GB/s = weight bytes / kernel_us.
 --compare times every quantized type on each path that can take n (MMVQ up to its column limit, MMQ from 16,
 mmq_f16, dequantize+cuBLAS from 16) at n = 1, ..., 512 (for dispatch.py's tables). --ns replaces the column counts.
+--paths replaces the paths: also `dequantize` and `gemm`, the two halves of dequantize+cuBLAS alone (no call_us).
 
 attention: Prefill attention on the GPU at the real models' shapes: one sequence, a ubatch of n tokens from position 0.
 
