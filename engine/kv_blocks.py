@@ -190,7 +190,8 @@ class BlockManager:
         # the children's common prefixes with the next tokens, all at once (a shared system prompt's last full block
         # gathers a child per request that followed it: hundreds, scanned one by one at ~2 us each per admission)
         cand = np.fromiter(kids, np.int64, len(kids))                              # [n_kids]
-        held = np.cumprod(self.ids[cand, :m] == tokens[i:i + m], axis=1).sum(axis=1)   # [n_kids] leading matches
+        differ = np.concatenate([self.ids[cand, :m] != tokens[i:i + m], np.ones((len(cand), 1), bool)], axis=1)
+        held = differ.argmax(axis=1)                  # [n_kids] leading matches: the first difference (cumprod: 2x)
         held = np.minimum(held, self.length[cand])
         j = int(np.argmax(held))                                                   # the first of the longest
         return (blocks, int(cand[j]), int(held[j])) if held[j] > 0 else (blocks, -1, 0)
