@@ -685,10 +685,26 @@ def prefix_match_main(argv) -> None:
         print(f"| {n} | {kids} | {(time.perf_counter() - t0) / 20 * 1e3:.2f} |", flush=True)
 
 
-def burst_main(argv) -> None:
-    from engine.scheduler import Request, Scheduler, TokenEvent
+def burst_scenario(model: str, clients: int, prefix_len: int, max_batch_tokens: int, device: str = "cuda"):
+    """The shared-prefix burst's engine core (also gpu_profile.py burst's) -> (rt, sched, submit): a Scheduler warmed as
+    engine serve warms it, and submit(rnd, i, max_tokens, on_event) queueing request i of round rnd: the prefix_len
+    shared tokens and a 20-token question of its own."""
     from engine.sampling import SamplingParams
+    from engine.scheduler import Request, Scheduler
     from server.core import warm_up
+    rt = Runtime.load(model, device=device, n_ctx=prefix_len + 304, n_seq=clients)
+    sched = Scheduler(rt, max_batch_tokens)
+    warm_up(rt, max_batch_tokens)                         # every step shape a server captures, as engine serve does
+    prefix, greedy = [60 + j % 100 for j in range(prefix_len)], SamplingParams(temperature=0)
+
+    def submit(rnd, i, max_tokens, on_event=lambda e: None):
+        question = [5 + (rnd * 37 + i * 7 + j) % 50 for j in range(20)]
+        sched.submit(Request(prefix + question, greedy, max_tokens=max_tokens, ignore_eos=True), on_event)
+    return rt, sched, submit
+
+
+def burst_main(argv) -> None:
+    from engine.scheduler import TokenEvent
     ap = argparse.ArgumentParser(prog="bench.py burst")
     ap.add_argument("model")
     ap.add_argument("--clients", type=int, default=32)
@@ -697,10 +713,7 @@ def burst_main(argv) -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args(argv)
-    rt = Runtime.load(args.model, device=args.device, n_ctx=args.prefix + 304, n_seq=args.clients)
-    sched = Scheduler(rt, args.max_batch_tokens)
-    warm_up(rt, args.max_batch_tokens)                    # every step shape a server captures, as engine serve does
-    prefix, greedy = [60 + j % 100 for j in range(args.prefix)], SamplingParams(temperature=0)
+    rt, sched, submit = burst_scenario(args.model, args.clients, args.prefix, args.max_batch_tokens, args.device)
     first: dict[int, float] = {}
     steps: list[tuple] = []                                # (rows, logit rows, sequences, forward s)
     forward = rt.forward
@@ -714,9 +727,7 @@ def burst_main(argv) -> None:
     rt.forward = timed_forward
 
     def request(rnd, i, max_tokens):
-        question = [5 + (rnd * 37 + i * 7 + j) % 50 for j in range(20)]
-        on_event = lambda e: isinstance(e, TokenEvent) and first.setdefault(i, time.perf_counter())  # noqa: E731
-        sched.submit(Request(prefix + question, greedy, max_tokens=max_tokens, ignore_eos=True), on_event)
+        submit(rnd, i, max_tokens, lambda e: isinstance(e, TokenEvent) and first.setdefault(i, time.perf_counter()))
 
     for rnd in range(args.rounds):
         request(rnd, -1, 4)

@@ -210,13 +210,8 @@ def ncu_decode(model: str, b: int, depth: int = 64) -> None:
 
 
 def profile_burst(model: str, clients: int, prefix_len: int, max_batch_tokens: int) -> None:
-    from engine.sampling import SamplingParams
-    from engine.scheduler import Request, Scheduler
-    from server.core import warm_up
-    rt = Runtime.load(model, device="cuda", n_ctx=prefix_len + 304, n_seq=clients)
-    sched = Scheduler(rt, max_batch_tokens)
-    warm_up(rt, max_batch_tokens)
-    prefix, greedy = [60 + j % 100 for j in range(prefix_len)], SamplingParams(temperature=0)
+    from bench import burst_scenario
+    rt, sched, submit = burst_scenario(model, clients, prefix_len, max_batch_tokens)
     forward, forwards = rt.forward, []
 
     def timed_forward(*args):
@@ -227,18 +222,14 @@ def profile_burst(model: str, clients: int, prefix_len: int, max_batch_tokens: i
         return out
     rt.forward = timed_forward
 
-    def request(rnd, i, max_tokens):
-        question = [5 + (rnd * 37 + i * 7 + j) % 50 for j in range(20)]
-        sched.submit(Request(prefix + question, greedy, max_tokens=max_tokens, ignore_eos=True), lambda e: None)
-
+    timer = OpTimer(rt.backend)
     for rnd in range(3):
-        request(rnd, -1, 4)
+        submit(rnd, -1, 4)
         while sched.step():
             pass
         for i in range(clients):
-            request(rnd, i, 4)
+            submit(rnd, i, 4)
         forwards.clear()
-        timer = OpTimer(rt.backend)
         with timer if rnd == 2 else contextlib.nullcontext():
             t0 = time.perf_counter()
             sched.step()
