@@ -56,6 +56,17 @@ class Request:
     top_logprobs: int | None = None     # None: no log-probs; 0: the chosen token's only; k: also the k best
     grammar: str | None = None          # structured output: an llguidance grammar (engine/grammar.py compile_grammar)
     logit_bias: dict[int, float] | None = None   # token id -> added to its logit before sampling
+    prompt_logprobs: int | None = None  # None: none; k: each prompt token's log-prob after the ones before it and
+                                        # the k best there (the first event's prompt_logprobs; the prompt is
+                                        # prefilled whole, no cache)
+
+
+def token_logprobs(x: np.ndarray, tid: int, k: int) -> tuple[float, list[tuple[int, float]] | None]:
+    """A row of logits -> (token tid's log-prob, the k most likely tokens' (id, log-prob), None for k = 0)."""
+    x = x.astype(np.float64)
+    lse = x.max() + np.log(np.exp(x - x.max()).sum())
+    top = [(int(i), float(x[i] - lse)) for i in np.argsort(-x, kind="stable")[:k]] if k > 0 else None
+    return float(x[tid] - lse), top
 
 
 @dataclass
@@ -65,6 +76,7 @@ class TokenEvent:
     top: list[tuple[int, float]] | None = None
     cached_tokens: int = 0              # the first token's event: prompt tokens taken from the KV cache
     queue_seconds: float = 0.0          # the first token's event: from submit() until it was admitted
+    prompt_logprobs: list | None = None  # the first token's event: Request.prompt_logprobs' answer (FinishEvent's)
 
 
 @dataclass
@@ -74,6 +86,8 @@ class FinishEvent:
     completion_tokens: int
     error: str | None = None
     cached_tokens: int = 0              # prompt tokens taken from the KV cache instead of prefilled
+    prompt_logprobs: list | None = None  # Request.prompt_logprobs, when no token came: [(log-prob, top)] of prompt
+                                         # tokens 1.. (None where not computed: the request ended first)
 
 
 def same_prompt(a: list[int], b: list[int]) -> bool:
@@ -104,6 +118,7 @@ class _Seq:
     generated: int = 0
     last: int = -1                     # the token the next decode step feeds
     prompt_logits: object = None       # [1, n_vocab] backend logits after the prompt, kept for a sharing follower
+    prompt_lp: list | None = None      # Request.prompt_logprobs: entry p - 1 for prompt token p, as prefilled
     done: bool = False
 
 
@@ -225,7 +240,7 @@ class Scheduler:
                     if seq.req.grammar is not None:      # a copy of the grammar's kept matcher (~0.01 ms)
                         seq.constraint = self._constraint(seq.req.grammar)
                 prompt = seq.req.prompt
-                donor = None if seq.resumed else next(
+                donor = None if seq.resumed or seq.req.prompt_logprobs is not None else next(
                     (s for s in self.running if s.prompt_logits is not None and same_prompt(s.req.prompt, prompt)),
                     None)
                 placed = self._share(seq, donor) if donor is not None else self._place(seq)
@@ -267,7 +282,8 @@ class Scheduler:
         least min_copy of them. A new prompt leaves at least its last token to prefill (its logits)."""
         B, bs = self.blocks, self.block_size
         limit = len(seq.fill) - (0 if seq.resumed else 1)
-        shared, cand, n = B.match(seq.prompt_ids, limit) if self.prefix_cache else ([], -1, 0)
+        cache = self.prefix_cache and seq.req.prompt_logprobs is None      # (prompt log-probs: every token computed)
+        shared, cand, n = B.match(seq.prompt_ids, limit) if cache else ([], -1, 0)
         take = n > 0 and B.ref[cand] == 0 and (n == B.length[cand] or cand == B.next_free())
         copy = not take and n >= self.min_copy
         n = n if take or copy else 0
@@ -425,8 +441,11 @@ class Scheduler:
             seqs.append(s.id)
             rows.append(len(tokens) - 1)
         completing, resumed = [], []
-        for s, take in chunks:
+        scored = []                                 # (sequence, prompt position, row) whose next prompt token's
+        for s, take in chunks:                      # log-prob the request asks for (rows past the sampled ones)
             a = s.prefilled
+            if s.req.prompt_logprobs is not None and not s.resumed:
+                scored += [(s, p, len(tokens) + p - a) for p in range(a, min(a + take, len(s.req.prompt) - 1))]
             tokens += s.fill[a:a + take]
             positions += range(a, a + take)
             seqs += [s.id] * take
@@ -439,7 +458,9 @@ class Scheduler:
                     completing.append(s)
         t0 = time.perf_counter()
         try:
-            logits = self.rt.forward(tokens, positions, seqs, rows, tables)
+            logits = self.rt.forward(tokens, positions, seqs, rows + [r for _, _, r in scored], tables)
+            if scored:
+                logits = self._score_prompts(logits, len(rows), scored)
         except Exception as e:     # the step's sequences end with the error; the loop goes on
             for s in decode + [c[0] for c in chunks]:
                 self._finish(s, "error", f"{type(e).__name__}: {e}")
@@ -478,6 +499,24 @@ class Scheduler:
         if decode:
             rate = len(decode) / dt if dt > 0 else 0.0
             st.tokens_per_second = rate if st.steps == 1 else 0.9 * st.tokens_per_second + 0.1 * rate
+
+    def _score_prompts(self, logits, n_rows: int, scored: list):
+        """The log-probs of prompt tokens asked for (Request.prompt_logprobs) from logits rows n_rows.. (in scored's
+        order) -> the first n_rows rows, to sample from."""
+        B = self.rt.backend
+        host = B.to_numpy(B.rows(logits, np.arange(n_rows, n_rows + len(scored), dtype=np.int32)))
+        for (s, p, _), x in zip(scored, host):
+            if s.prompt_lp is None:
+                s.prompt_lp = [None] * (len(s.req.prompt) - 1)
+            s.prompt_lp[p] = token_logprobs(x, s.req.prompt[p + 1], s.req.prompt_logprobs)
+        return B.rows(logits, np.arange(n_rows, dtype=np.int32)) if n_rows else None
+
+    @staticmethod
+    def _prompt_logprobs(seq: _Seq) -> list | None:
+        """Request.prompt_logprobs' answer: None unless asked for; entries not computed None."""
+        if seq.req.prompt_logprobs is None:
+            return None
+        return seq.prompt_lp or [None] * (len(seq.req.prompt) - 1)
 
     def _sample_and_emit(self, seqs: list[_Seq], logits) -> None:
         """Sample one token for each sequence from its row of logits [len(seqs), n_vocab], report them. A logit bias
@@ -566,14 +605,10 @@ class Scheduler:
         if seq.constraint is not None:
             seq.constraint.consume(tid)                 # GrammarError: the caller ends the sequence
         first = seq.generated == 0
-        event = TokenEvent(tid, cached_tokens=seq.cached if first else 0, queue_seconds=seq.queued if first else 0.0)
+        event = TokenEvent(tid, cached_tokens=seq.cached if first else 0, queue_seconds=seq.queued if first else 0.0,
+                           prompt_logprobs=self._prompt_logprobs(seq) if first else None)
         if lp_row is not None:
-            x = lp_row.astype(np.float64)
-            lse = x.max() + np.log(np.exp(x - x.max()).sum())
-            event.logprob = float(x[tid] - lse)
-            if req.top_logprobs > 0:
-                top = np.argsort(-x, kind="stable")[:req.top_logprobs]
-                event.top = [(int(i), float(x[i] - lse)) for i in top]
+            event.logprob, event.top = token_logprobs(lp_row, tid, req.top_logprobs)
         seq.history.append(tid)
         seq.generated += 1
         seq.last = tid
@@ -596,6 +631,7 @@ class Scheduler:
         self.stats.requests_finished += 1
         self.stats.requests_failed += reason == "error"
         try:
-            seq.on_event(FinishEvent(reason, len(seq.req.prompt), seq.generated, error, seq.cached))
+            seq.on_event(FinishEvent(reason, len(seq.req.prompt), seq.generated, error, seq.cached,
+                                     self._prompt_logprobs(seq) if seq.generated == 0 else None))
         except Exception:              # a handler that fails on its last event has nothing left to tell
             pass

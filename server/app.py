@@ -328,7 +328,8 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         return grammars[key]
 
     def start(e: EngineClient, body, prompt: list[int], max_tokens: int, top_logprobs,
-              grammar: str | None = None) -> MultiChoice:
+              grammar: str | None = None, prompt_logprobs: int | None = None) -> MultiChoice:
+        """The request's n choices submitted (prompt_logprobs: the first choice's also scores its prompt)."""
         ready = e.check()
         if not prompt:
             raise APIError(400, "the prompt is empty", "prompt")
@@ -345,7 +346,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         reqs = [AddRequest(0, prompt, max_tokens, body.ignore_eos, top_logprobs, body.temperature, body.top_k,
                            body.top_p, body.min_p, body.repeat_penalty, body.repeat_last_n, body.presence_penalty,
                            body.frequency_penalty, seed_bits(None if body.seed is None else body.seed + i), grammar,
-                           bias)
+                           bias, prompt_logprobs if i == 0 else None)
                 for i in range(body.n)]
         try:
             return MultiChoice(e, state["tokenizer"], reqs, body.stops())
@@ -355,17 +356,25 @@ def create_app(cfg: ServerConfig) -> FastAPI:
     def as_api_error(err: Exception) -> APIError:
         return APIError(503 if isinstance(err, EngineUnavailable) else err.status, str(err))
 
-    def completion_logprobs(tokens, offset0: int):
+    def completion_logprobs(tokens, offset0: int, prompt: list[int] | None = None, scored: list | None = None):
+        """The completions API's logprobs of the generated tokens (events) from text offset offset0; with prompt
+        (echo), the prompt's tokens first, from offset 0: scored[j - 1] = (log-prob, top) of prompt token j, the
+        first token none (MultiChoice.prompt_logprobs)."""
         tok = state["tokenizer"]
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        offset = offset0
-        for ev in tokens:
-            piece = tok.piece(ev.token)
-            out["tokens"].append(piece)
-            out["token_logprobs"].append(ev.logprob)
-            out["top_logprobs"].append({tok.piece(i): lp for i, lp in ev.top} if ev.top else None)
-            out["text_offset"].append(offset)
-            offset += len(piece)
+
+        def add(entries, offset):
+            for tid, lp, top in entries:
+                piece = tok.piece(tid)
+                out["tokens"].append(piece)
+                out["token_logprobs"].append(lp)
+                out["top_logprobs"].append({tok.piece(i): v for i, v in top} if top else None)
+                out["text_offset"].append(offset)
+                offset += len(piece)
+        if prompt is not None:
+            lps = [None] + list(scored or [None] * (len(prompt) - 1))
+            add([(t, *(lp or (None, None))) for t, lp in zip(prompt, lps)], 0)
+        add([(ev.token, ev.logprob, ev.top) for ev in tokens], offset0)
         return out
 
     def chat_logprobs(tokens):
@@ -471,7 +480,12 @@ def create_app(cfg: ServerConfig) -> FastAPI:
             check_ids(prompt, "prompt")
             prompt_text = await blocking(tok.decode, prompt) if body.echo else ""
         max_tokens = 16 if body.max_tokens is None else body.max_tokens
-        mc = start(e, body, prompt, max_tokens, body.logprobs, await grammar_of(body))
+        scored = body.echo and body.logprobs is not None     # the prompt's log-probs too (OpenAI's legacy API)
+        if scored and body.stream:
+            raise APIError(400, "echo with logprobs (the prompt's log-probs) is answered whole: stream must be false",
+                           "stream")
+        mc = start(e, body, prompt, max_tokens, body.logprobs, await grammar_of(body),
+                   body.logprobs if scored else None)
         request.state.logs_itself = True
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         echo = prompt_text if body.echo else ""
@@ -491,7 +505,8 @@ def create_app(cfg: ServerConfig) -> FastAPI:
             return JSONResponse({}, status_code=499)
         texts, toks, reasons = result
         choices = [{"index": i, "text": echo + texts[i], "finish_reason": reasons[i],
-                    "logprobs": completion_logprobs(toks[i], len(echo)) if body.logprobs is not None else None}
+                    "logprobs": None if body.logprobs is None else
+                    completion_logprobs(toks[i], len(echo), *((prompt, mc.prompt_logprobs) if scored else ()))}
                    for i in range(body.n)]
         return {"id": cid, "object": "text_completion", "created": created, "model": model_id,
                 "choices": choices, "usage": usage(mc)}

@@ -204,6 +204,7 @@ class MultiChoice:
         self.completion_tokens = [0] * len(requests)
         self.prompt_tokens = len(requests[0].prompt)
         self.cached_tokens = 0                        # prompt tokens the first choice took from the KV cache
+        self.prompt_logprobs = None                   # the first choice's AddRequest.prompt_logprobs answer
         self.queue_seconds: float | None = None       # how long the first choice waited for a KV slot
         self.merged: asyncio.Queue = asyncio.Queue()
         self.first_token_at: float | None = None
@@ -224,6 +225,8 @@ class MultiChoice:
         try:
             while not all(self.finished):
                 i, ev = await self.merged.get()
+                if i == 0 and ev.prompt is not None:
+                    self.prompt_logprobs = ev.prompt
                 if self.finished[i]:
                     continue
                 if i == 0 and ev.cached:

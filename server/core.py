@@ -194,7 +194,7 @@ class EngineCore:
                                     presence_penalty=msg.presence_penalty, frequency_penalty=msg.frequency_penalty,
                                     seed=msg.seed)
             req = Request(msg.prompt, params, msg.max_tokens, msg.ignore_eos, msg.top_logprobs, msg.grammar,
-                          msg.logit_bias)
+                          msg.logit_bias, msg.prompt_logprobs)
             self.seq_of[msg.rid] = self.sched.submit(req, self._on_event(msg.rid))
         except Exception as e:     # the front end validated first; this is the last word
             self.events.append(Event(msg.rid, -1, finish="rejected", error=f"{type(e).__name__}: {e}"))
@@ -205,10 +205,11 @@ class EngineCore:
         def on_event(ev) -> None:
             if isinstance(ev, FinishEvent):
                 self.seq_of.pop(rid, None)
-                self.events.append(Event(rid, -1, finish=ev.reason, error=ev.error, cached=ev.cached_tokens))
+                self.events.append(Event(rid, -1, finish=ev.reason, error=ev.error, cached=ev.cached_tokens,
+                                         prompt=ev.prompt_logprobs))
             else:
                 self.events.append(Event(rid, ev.token, ev.logprob, ev.top, cached=ev.cached_tokens,
-                                         queued=ev.queue_seconds))
+                                         queued=ev.queue_seconds, prompt=ev.prompt_logprobs))
         return on_event
 
     def stats(self) -> CoreStats:

@@ -28,6 +28,7 @@ class AddRequest(msgspec.Struct, tag=True):
     seed: int | None = None
     grammar: str | None = None          # structured output: an llguidance grammar (engine/grammar.py)
     logit_bias: dict[int, float] | None = None    # token id -> added to its logit before sampling
+    prompt_logprobs: int | None = None  # each prompt token's log-prob and the k best (engine.scheduler.Request)
 
 
 class Abort(msgspec.Struct, tag=True):
@@ -63,6 +64,7 @@ class Event(msgspec.Struct, array_like=True):
     error: str | None = None
     cached: int = 0                     # prompt tokens the request took from the KV cache (first token, end)
     queued: float = 0.0                 # first token: seconds the request waited for a KV slot in the core
+    prompt: list[tuple[float, list[tuple[int, float]] | None] | None] | None = None   # first: prompt_logprobs
 
 
 class SlotState(msgspec.Struct, array_like=True):

@@ -264,3 +264,32 @@ def test_same_prompt_is_list_equality():
         a = rng.integers(0, 3, int(rng.integers(0, 6))).tolist()
         b = a[:int(rng.integers(0, len(a) + 1))] + rng.integers(0, 3, int(rng.integers(0, 3))).tolist()
         assert same_prompt(a, b) == (a == b) and same_prompt(b, a) == (a == b) and same_prompt(a, list(a))
+
+
+def test_prompt_logprobs_are_the_prefills(model):
+    """Request.prompt_logprobs: each prompt token's log-prob after the ones before it and the k best there, as one
+    prefill of the whole prompt gives them, though the prompt is prefilled in chunks beside another request's decode
+    steps and an earlier request cached the same prompt (a scored prompt is computed whole); they come with the first
+    token, or with max_tokens 0 with the end (float64 path: to 1e-9)."""
+    rng = np.random.default_rng()
+    prompt = rng.integers(0, N_VOCAB, 21).tolist()
+    rt = Runtime.load(model, device="cpu", n_ctx=64, exact=True)             # float64: chunks round as the whole
+    logits = rt.prefill(prompt, all_logits=True).astype(np.float64)          # [21, n_vocab]
+    ref = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+    sched = Scheduler(Runtime.load(model, device="cpu", n_ctx=64, n_seq=2, exact=True), max_batch_tokens=6)
+    run_requests(sched, [Request(prompt, SamplingParams(temperature=0), 2, ignore_eos=True)])   # cached now
+    other = Request(rng.integers(0, N_VOCAB, 5).tolist(), SamplingParams(temperature=0), 12, ignore_eos=True)
+    for max_tokens in (3, 0):
+        scored = Request(prompt, SamplingParams(temperature=0), max_tokens, ignore_eos=True, prompt_logprobs=2)
+        _, events = run_requests(sched, [other, scored])
+        end = events[-1]
+        assert isinstance(end, FinishEvent) and end.cached_tokens == 0 and len(events) == max_tokens + 1
+        assert [e.prompt_logprobs is not None for e in events] == [True] + [False] * max_tokens
+        assert len(events[0].prompt_logprobs) == len(prompt) - 1
+        for p, (lp, top) in enumerate(events[0].prompt_logprobs):
+            assert lp == pytest.approx(ref[p, prompt[p + 1]], abs=1e-9)
+            best = np.argsort(-ref[p], kind="stable")[:2]
+            assert [t for t, _ in top] == best.tolist()
+            assert [v for _, v in top] == pytest.approx(ref[p, best].tolist(), abs=1e-9)
+    plain = run_requests(sched, [Request(prompt, SamplingParams(temperature=0), 1, ignore_eos=True)])[0]
+    assert all(e.prompt_logprobs is None for e in plain)

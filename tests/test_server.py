@@ -144,6 +144,33 @@ def test_echo_and_token_ids_prompt(client, server):
     assert back == PROMPT
 
 
+def test_echo_with_logprobs_scores_the_prompt(client, server):
+    """OpenAI's echo with logprobs: the prompt's tokens come first in logprobs, the first without a log-prob, each
+    other the prompt's next token's after the ones before it; max_tokens 0 scores the prompt alone (how lm-eval's
+    loglikelihood asks). A stream of it is refused by name."""
+    ids = httpx.post(server + "/tokenize", json={"content": PROMPT}).json()["tokens"]
+    r = client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=2, temperature=0, echo=True,
+                                  logprobs=1, extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(ids) + 2 and "".join(lp.tokens) == r.choices[0].text
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(x <= 0 for x in lp.token_logprobs[1:]) and all(len(t) == 1 for t in lp.top_logprobs[1:])
+    assert lp.text_offset[:len(ids)] == [len("".join(lp.tokens[:j])) for j in range(len(ids))]
+    only = client.completions.create(model="smollm2-135m", prompt=ids, max_tokens=0, temperature=0, echo=True,
+                                     logprobs=0)
+    assert only.choices[0].text == PROMPT and only.usage.completion_tokens == 0
+    got = only.choices[0].logprobs.token_logprobs
+    assert got[0] is None and got[1:] == pytest.approx(lp.token_logprobs[1:len(ids)], abs=1e-6)
+    stopped = client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=6, temperature=0, echo=True,
+                                        logprobs=1, stop=[r.choices[0].text[len(PROMPT):]])   # ends on its stop
+    assert stopped.choices[0].finish_reason == "stop" and stopped.choices[0].text == PROMPT
+    assert stopped.choices[0].logprobs.token_logprobs[1:len(ids)] == pytest.approx(lp.token_logprobs[1:len(ids)],
+                                                                                     abs=1e-6)
+    streamed = httpx.post(server + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, "echo": True,
+                                                            "logprobs": 1, "stream": True})
+    assert streamed.status_code == 400 and "stream" in streamed.json()["error"]["message"]
+
+
 def test_models_metrics_health(server, client):
     assert httpx.get(server + "/v1/models").json()["data"][0]["id"] == "smollm2-135m"
     client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=4, temperature=0)
