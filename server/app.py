@@ -327,29 +327,37 @@ def create_app(cfg: ServerConfig) -> FastAPI:
                 grammars.pop(next(iter(grammars)))
         return grammars[key]
 
-    def start(e: EngineClient, body, prompt: list[int], max_tokens: int, top_logprobs,
+    def start(e: EngineClient, body, prompts: list[list[int]], max_tokens: int, top_logprobs,
               grammar: str | None = None, prompt_logprobs: int | None = None) -> MultiChoice:
-        """The request's n choices submitted (prompt_logprobs: the first choice's also scores its prompt)."""
+        """The request's n choices of each prompt submitted, choice k of prompt k // n (prompt_logprobs: each
+        prompt's first choice also scores its prompt)."""
         ready = e.check()
-        if not prompt:
-            raise APIError(400, "the prompt is empty", "prompt")
-        check_ids(prompt, "prompt")
+        for i, prompt in enumerate(prompts):
+            name = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+            if not prompt:
+                raise APIError(400, f"{'the prompt' if len(prompts) == 1 else name} is empty", "prompt")
+            check_ids(prompt, name)
+            if len(prompt) + max_tokens > ready.n_ctx:
+                raise APIError(400, f"the {name} ({len(prompt)} tokens) plus max_tokens ({max_tokens}) exceeds the "
+                                    f"context of {ready.n_ctx} tokens", "max_tokens", "context_length_exceeded")
         bias = body.token_bias()
         if bias:
             check_ids(list(bias), "logit_bias")
-        if len(prompt) + max_tokens > ready.n_ctx:
-            raise APIError(400, f"the prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) exceeds the "
-                                f"context of {ready.n_ctx} tokens", "max_tokens", "context_length_exceeded")
-        if e.in_flight + body.n > ready.n_seq + cfg.max_queue:
+        n = len(prompts) * body.n
+        if n > ready.n_seq + cfg.max_queue:
+            raise APIError(400, f"this request asks for {n} sequences ({len(prompts)} prompts x n = {body.n}), more "
+                                f"than the server runs and queues at once ({ready.n_seq + cfg.max_queue})", "n")
+        if e.in_flight + n > ready.n_seq + cfg.max_queue:
             raise APIError(429, f"the server is full ({e.in_flight} sequences running or queued); retry later",
                            headers={"Retry-After": "1"})
-        reqs = [AddRequest(0, prompt, max_tokens, body.ignore_eos, top_logprobs, body.temperature, body.top_k,
-                           body.top_p, body.min_p, body.repeat_penalty, body.repeat_last_n, body.presence_penalty,
-                           body.frequency_penalty, seed_bits(None if body.seed is None else body.seed + i), grammar,
-                           bias, prompt_logprobs if i == 0 else None)
-                for i in range(body.n)]
+        reqs = [AddRequest(0, prompts[k // body.n], max_tokens, body.ignore_eos, top_logprobs, body.temperature,
+                           body.top_k, body.top_p, body.min_p, body.repeat_penalty, body.repeat_last_n,
+                           body.presence_penalty, body.frequency_penalty,
+                           seed_bits(None if body.seed is None else body.seed + k), grammar, bias,
+                           prompt_logprobs if k % body.n == 0 else None)
+                for k in range(n)]
         try:
-            return MultiChoice(e, state["tokenizer"], reqs, body.stops())
+            return MultiChoice(e, state["tokenizer"], reqs, body.stops(), body.n)
         except EngineUnavailable as err:
             raise APIError(503, str(err)) from None
 
@@ -468,27 +476,28 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         check_model(body.model)
         check_fields(body)
         tok = state["tokenizer"]
-        if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str):
-            if len(body.prompt) != 1:
-                raise APIError(400, "only one prompt per request is supported", "prompt")
-            body.prompt = body.prompt[0]
-        if isinstance(body.prompt, str):
-            limit_prompt(body.prompt)
-            prompt_text, prompt = body.prompt, await blocking(tok.encode, body.prompt)
-        else:
-            prompt = list(body.prompt)
-            check_ids(prompt, "prompt")
-            prompt_text = await blocking(tok.decode, prompt) if body.echo else ""
+        # a text, token ids, or a list of either: one prompt each, its n choices k * n.. (OpenAI's batched prompts)
+        many = isinstance(body.prompt, list) and bool(body.prompt) and not isinstance(body.prompt[0], int)
+        given = list(body.prompt) if many else [body.prompt]
+        for p in given:
+            if isinstance(p, str):
+                limit_prompt(p)
+        prompts = [await blocking(tok.encode, p) if isinstance(p, str) else list(p) for p in given]
+        for i, p in enumerate(prompts):
+            check_ids(p, f"prompt[{i}]" if many else "prompt")
+        texts = [p if isinstance(p, str) else await blocking(tok.decode, ids) if body.echo else ""
+                 for p, ids in zip(given, prompts)]
         max_tokens = 16 if body.max_tokens is None else body.max_tokens
         scored = body.echo and body.logprobs is not None     # the prompt's log-probs too (OpenAI's legacy API)
         if scored and body.stream:
             raise APIError(400, "echo with logprobs (the prompt's log-probs) is answered whole: stream must be false",
                            "stream")
-        mc = start(e, body, prompt, max_tokens, body.logprobs, await grammar_of(body),
+        mc = start(e, body, prompts, max_tokens, body.logprobs, await grammar_of(body),
                    body.logprobs if scored else None)
         request.state.logs_itself = True
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        echo = prompt_text if body.echo else ""
+        n = len(prompts) * body.n
+        echo = [texts[k // body.n] if body.echo else "" for k in range(n)]
 
         def chunk(index, text, tokens, reason, with_lp):
             c = {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
@@ -497,17 +506,18 @@ def create_app(cfg: ServerConfig) -> FastAPI:
             return c
 
         if body.stream:
-            head = [chunk(i, echo, [], None, False) for i in range(body.n)] if echo else []
+            head = [chunk(k, echo[k], [], None, False) for k in range(n)] if body.echo else []
             return stream(mc, body, cid, created, "text_completion", head,
                           lambda d: chunk(d.index, d.text, d.tokens, d.finish_reason, True), request, t0)
-        result = await finished(mc, request, body.n, t0)
+        result = await finished(mc, request, n, t0)
         if result is None:
             return JSONResponse({}, status_code=499)
-        texts, toks, reasons = result
-        choices = [{"index": i, "text": echo + texts[i], "finish_reason": reasons[i],
+        outs, toks, reasons = result
+        choices = [{"index": k, "text": echo[k] + outs[k], "finish_reason": reasons[k],
                     "logprobs": None if body.logprobs is None else
-                    completion_logprobs(toks[i], len(echo), *((prompt, mc.prompt_logprobs) if scored else ()))}
-                   for i in range(body.n)]
+                    completion_logprobs(toks[k], len(echo[k]), *((prompts[k // body.n],
+                                                                  mc.prompt_logprobs[k // body.n]) if scored else ()))}
+                   for k in range(n)]
         return {"id": cid, "object": "text_completion", "created": created, "model": model_id,
                 "choices": choices, "usage": usage(mc)}
 
@@ -567,7 +577,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         body.n = 1
         tok = state["tokenizer"]
         max_tokens = body.n_predict if body.n_predict >= 0 else max(1, e.check().n_ctx - len(prompt))
-        mc = start(e, body, prompt, max_tokens, body.n_probs or None, await grammar_of(body))
+        mc = start(e, body, [prompt], max_tokens, body.n_probs or None, await grammar_of(body))
         request.state.logs_itself = True
 
         def probs(tokens) -> list[dict]:
@@ -655,7 +665,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
                 raise APIError(400, "tool_choice required or a named function cannot go with a response format",
                                "tool_choice")
             grammar = await compiled("tools", {"lark": call_grammar(spec)})
-        mc = start(e, body, prompt, max_tokens, top, grammar)
+        mc = start(e, body, [prompt], max_tokens, top, grammar)
         request.state.logs_itself = True
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 

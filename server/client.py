@@ -194,17 +194,20 @@ class ChoiceDelta:
 
 
 class MultiChoice:
-    """One request's n choices running in the engine core; `deltas()` yields their text as it comes."""
+    """One request's choices running in the engine core, n per prompt (choice k: prompt k // n); `deltas()` yields
+    their text as it comes."""
 
-    def __init__(self, engine: EngineClient, tok: Tokenizer, requests: list[AddRequest], stops: list[str]):
+    def __init__(self, engine: EngineClient, tok: Tokenizer, requests: list[AddRequest], stops: list[str],
+                 n: int | None = None):
         self.engine, self.tok = engine, tok
         self.decoders = [tok.stream_decoder() for _ in requests]
         self.matchers = [StopMatcher(stops) for _ in requests]
         self.finished = [False] * len(requests)
         self.completion_tokens = [0] * len(requests)
-        self.prompt_tokens = len(requests[0].prompt)
-        self.cached_tokens = 0                        # prompt tokens the first choice took from the KV cache
-        self.prompt_logprobs = None                   # the first choice's AddRequest.prompt_logprobs answer
+        self.n = n or len(requests)                   # choices per prompt: choice k is prompt k // n's
+        self.prompt_tokens = sum(len(r.prompt) for r in requests[::self.n])
+        self.cached = [0] * (len(requests) // self.n)  # per prompt: tokens its first choice took from the KV cache
+        self.prompt_logprobs = [None] * len(self.cached)   # per prompt: its first choice's prompt_logprobs answer
         self.queue_seconds: float | None = None       # how long the first choice waited for a KV slot
         self.merged: asyncio.Queue = asyncio.Queue()
         self.first_token_at: float | None = None
@@ -218,6 +221,11 @@ class MultiChoice:
             self.cancel()
             raise
 
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens taken from the KV cache, over the prompts."""
+        return sum(self.cached)
+
     def cancel(self) -> None:
         self.engine.abort([rid for i, rid in enumerate(self.rids) if not self.finished[i]])
 
@@ -225,12 +233,12 @@ class MultiChoice:
         try:
             while not all(self.finished):
                 i, ev = await self.merged.get()
-                if i == 0 and ev.prompt is not None:
-                    self.prompt_logprobs = ev.prompt
+                if i % self.n == 0 and ev.prompt is not None:
+                    self.prompt_logprobs[i // self.n] = ev.prompt
                 if self.finished[i]:
                     continue
-                if i == 0 and ev.cached:
-                    self.cached_tokens = ev.cached
+                if i % self.n == 0 and ev.cached:
+                    self.cached[i // self.n] = ev.cached
                 if i == 0 and ev.finish is None and self.queue_seconds is None:
                     self.queue_seconds = ev.queued
                 if ev.finish is None:

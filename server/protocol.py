@@ -19,7 +19,7 @@ def check_utf8(text: str) -> str:
 
 
 def check_prompt(prompt):
-    """A prompt (text, token ids, or a list of texts) whose texts are valid UTF-8."""
+    """A prompt (text, token ids, or a list of texts or of token lists) whose texts are valid UTF-8."""
     for s in [prompt] if isinstance(prompt, str) else prompt:
         if isinstance(s, str):
             check_utf8(s)
@@ -170,7 +170,7 @@ class _Sampling(BaseModel):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[int] | list[str]
+    prompt: str | list[int] | list[str] | list[list[int]]      # a list of texts or of token lists: several prompts
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
 

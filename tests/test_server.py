@@ -171,6 +171,39 @@ def test_echo_with_logprobs_scores_the_prompt(client, server):
     assert streamed.status_code == 400 and "stream" in streamed.json()["error"]["message"]
 
 
+def test_several_prompts_in_one_completion(client, server):
+    """OpenAI's batched prompts: a list of texts (or of token lists) gives n choices per prompt, choice k of prompt
+    k // n, each the answer the prompt gets alone; usage counts every prompt once; echo, logprobs and a stream
+    follow the same indices; a request for more sequences than the server runs and queues is a 400 naming n."""
+    prompts = [PROMPT, "1, 2, 3, 4,", "Water boils at"]
+    args = dict(model="smollm2-135m", max_tokens=4, temperature=0, extra_body={"ignore_eos": True})
+    alone = [client.completions.create(prompt=p, **args) for p in prompts]
+    both = client.completions.create(prompt=prompts, n=2, **args)
+    assert [c.index for c in both.choices] == list(range(6))
+    assert [c.text for c in both.choices] == [a.choices[0].text for a in alone for _ in range(2)]
+    assert both.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert both.usage.completion_tokens == 6 * 4
+    ids = [httpx.post(server + "/tokenize", json={"content": p}).json()["tokens"] for p in prompts[:2]]
+    scored = client.completions.create(prompt=ids, echo=True, logprobs=1, max_tokens=0, temperature=0,
+                                       model="smollm2-135m")
+    for c, p, ours in zip(scored.choices, prompts, ids):
+        one = client.completions.create(prompt=ours, echo=True, logprobs=1, max_tokens=0, temperature=0,
+                                        model="smollm2-135m").choices[0]
+        assert c.text == p == one.text and c.logprobs.tokens == one.logprobs.tokens
+        assert c.logprobs.token_logprobs[0] is None
+        assert c.logprobs.token_logprobs[1:] == pytest.approx(one.logprobs.token_logprobs[1:], abs=1e-6)
+    chunks = client.completions.create(prompt=prompts[:2], stream=True, echo=True, **args)
+    texts = ["", ""]
+    for ch in chunks:
+        for c in ch.choices:
+            texts[c.index] += c.text
+    assert texts == [p + a.choices[0].text for p, a in zip(prompts[:2], alone)]
+    r = httpx.post(server + "/v1/completions", json={"prompt": [PROMPT] * 140, "n": 2, "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+    r = httpx.post(server + "/v1/completions", json={"prompt": [PROMPT, ""], "max_tokens": 1})
+    assert r.status_code == 400 and "prompt[1] is empty" in r.json()["error"]["message"]
+
+
 def test_models_metrics_health(server, client):
     assert httpx.get(server + "/v1/models").json()["data"][0]["id"] == "smollm2-135m"
     client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=4, temperature=0)
