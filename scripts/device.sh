@@ -2,6 +2,9 @@
 # Here, once: `bash scripts/device.sh wheels` downloads what the GPU machine's python3 lacks into .whl/ (carry .whl in
 # the call that runs setup; carried paths exist only during their call). Carry engine/cuda/prebuilt (the kernels
 # `pip install -e .` built here) in that call too: setup keeps a copy in /tmp/prebuilt that every command links.
+# Or, here, `bash scripts/device.sh pack` (after `engine fetch`, wheels and pip install -e .): the prebuilt kernels
+# as .dev/prebuilt.tar.xz (~5 MB) and both real models in .stage/0 .. .stage/5, six calls in all with the test run:
+#   carry .whl .dev/prebuilt.tar.xz .stage/0: setup;  carry .stage/K (K = 1..4): chunk;  carry .stage/5: gpu-tests
 # On the GPU machine, from the project root. Steps, each its own call (the machine keeps /tmp between calls while it
 # stays warm: make dependent calls back to back, it is given back after 30 s idle):
 #   bash scripts/device.sh setup          install the carried wheels (.whl/) into /tmp/site, keep the prebuilt
@@ -9,10 +12,12 @@
 #                                         and LLAMA=1
 #   bash scripts/device.sh stage CHUNK... copy model chunks (../shared/tools/device_stage.sh) to /tmp/stage;
 #                                         a complete set is joined into /tmp/models under the hub's file name
+#   bash scripts/device.sh chunk          copy the carried chunk of `pack` (.stage/K) to /tmp/stage; the last one
+#                                         unpacks both models into /tmp/models (setup and gpu-tests do it too)
 #   bash scripts/device.sh first-token    `engine generate smollm2-135m ... -n 32 --device cuda` with empty compiler
 #                                         caches: seconds to its first output byte (the first call on a fresh machine)
 #   bash scripts/device.sh gpu-tests      pytest -m gpu tests/ with both real models, then greedy-32 recorded
-#                                         into $OUT and diffed against tests/data/greedy32.cuda.json
+#                                         into $OUT and diffed against tests/data/greedy32.cuda.json (~4 min)
 #   bash scripts/device.sh models [TREE]  `engine bench -p 512 -n 128 -r 5` on SmolLM2, Gemma 3 and the synthetic
 #                                         1B and 8B, then bench.py decode at 1-64 sequences on the 8B; TREE: another
 #                                         checkout of the project to measure the same way (before / after)
@@ -42,6 +47,7 @@
 #                                         llama-bench -sm layer / row beside when llama.cpp is built
 #   bash scripts/device.sh tp-serve [MODEL] [SECS] [N]  32 clients: engine serve -tp N, llama-server -sm layer / row
 set -uo pipefail
+LOCAL_MODEL_DIR=${ENGINE_MODEL_DIR:-}     # pack reads the models from here (the hub's cache)
 export PYTHONPATH=/tmp/site:$PWD CUPY_CACHE_DIR=/tmp/cupy_cache PYTHONUNBUFFERED=1 ENGINE_MODEL_DIR=/tmp/models
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # never NVLink multicast
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/models /tmp/stage
@@ -52,6 +58,14 @@ SYNTH=/tmp/models/synth-8b.gguf LLAMA=/tmp/llamacpp/build/bin
 synth() {   # preset: the synthetic model built from SmolLM2 (scripts/make_synth_gguf.py: 8B ~20 s, 70B ~1 min)
   [ -f /tmp/models/synth-$1.gguf ] || python3 scripts/make_synth_gguf.py $SMOL /tmp/models/synth-$1.gguf --preset $1 \
     > /tmp/synth-$1.log 2>&1
+}
+
+packed_chunk() {   # a carried chunk of `pack` (.stage/K/m.K, .stage/K/count) to /tmp/stage; all there: the models
+  ls .stage/*/m.* > /dev/null 2>&1 || return 0
+  local want; want=$(cat .stage/*/count | head -1); cp .stage/*/m.* /tmp/stage/
+  local n; n=$(ls /tmp/stage/m.* | wc -l); echo "model chunks: $n of $want"
+  [ "$n" -eq "$want" ] || return 0
+  cat /tmp/stage/m.* | tar xf - -C /tmp/models && rm /tmp/stage/m.* && (cd /tmp/models && sha256sum -c SUMS)
 }
 
 join_if_complete() {   # name, expected chunk count, sha256, target
@@ -71,6 +85,22 @@ start_engine() {   # MODEL [engine serve flags]: engine serve on port 8090 in th
 }
 
 case "${1:-}" in
+pack)           # here: .dev/prebuilt.tar.xz and the real models in chunks that fit each call's 64 MiB beside the tree
+  models=$(ENGINE_MODEL_DIR=$LOCAL_MODEL_DIR python3 -c "from engine import hub; print(hub.cache_dir())")
+  mkdir -p .dev && grep -qx '/.stage/' .git/info/exclude 2>/dev/null || echo '/.stage/' >> .git/info/exclude
+  tar cJf .dev/prebuilt.tar.xz -C engine/cuda prebuilt || exit 1
+  rm -rf .stage /tmp/pack && mkdir -p /tmp/pack && (cd "$models" && sha256sum $(basename $SMOL) $(basename $GEMMA)) \
+    > /tmp/pack/SUMS || exit 1
+  tar chf /tmp/pack/models.tar -C /tmp/pack SUMS -C "$models" $(basename $SMOL) $(basename $GEMMA)
+  limit=67108864; tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+  first=$(( limit - tree - $(du -cb .whl .dev/prebuilt.tar.xz | tail -1 | cut -f1) - 300000 ))
+  rest=$(( limit - tree - 300000 ))
+  mkdir -p .stage/0 && head -c $first /tmp/pack/models.tar > .stage/0/m.00
+  tail -c +$(( first + 1 )) /tmp/pack/models.tar | split -b $rest -d -a 2 --numeric-suffixes=1 - /tmp/pack/m.
+  for f in /tmp/pack/m.*; do k=$((10#${f##*.})); mkdir -p .stage/$k; mv $f .stage/$k/; done
+  n=$(ls -d .stage/*/ | wc -l); for d in .stage/*/; do echo $n > $d/count; done; rm -rf /tmp/pack
+  echo "carry [.whl, .dev/prebuilt.tar.xz, .stage/0]: setup; then .stage/1 .. .stage/$((n - 2)): chunk;" \
+       "then .stage/$((n - 1)): gpu-tests" ;;
 wheels)
   mkdir -p .whl
   for p in gguf pyzmq msgspec fastapi starlette pydantic pydantic-core uvicorn h11 annotated-types annotated-doc \
@@ -85,9 +115,16 @@ setup)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
   [ -d engine/cuda/prebuilt ] && [ ! -L engine/cuda/prebuilt ] && rm -rf /tmp/prebuilt && cp -r engine/cuda/prebuilt /tmp/prebuilt
+  if [ -f .dev/prebuilt.tar.xz ]; then
+    rm -rf /tmp/prebuilt /tmp/pb && mkdir /tmp/pb && tar xJf .dev/prebuilt.tar.xz -C /tmp/pb && mv /tmp/pb/prebuilt /tmp/prebuilt
+    [ -e engine/cuda/prebuilt ] || ln -s /tmp/prebuilt engine/cuda/prebuilt
+  fi
+  packed_chunk
   [ "${LLAMA_BUILD:-0}" = 1 ] && [ -f .dev/llama.cpp-src.tar.xz ] && bash .dev/build_on_device.sh .dev/llama.cpp-src.tar.xz
   [ -f .dev/serve_compare.sh ] && cp .dev/serve_compare.sh /tmp/
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader ;;
+chunk)
+  packed_chunk ;;
 stage)
   shift; cp "$@" /tmp/stage/
   join_if_complete smol 3 b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 $SMOL
@@ -108,6 +145,7 @@ print(err.decode()[-1500:])
 PY
   ls "$cache" | wc -l | xargs echo "NVRTC cache entries written:" ;;
 gpu-tests)
+  packed_chunk
   synth 8b &
   python3 -m pytest -q -p no:cacheprovider -m gpu tests/ 2>&1 | tee "$OUT/gpu_tests.log" \
     | grep -E "passed|failed|error|cuda vs exact|^E  |^FAILED" | head -40
