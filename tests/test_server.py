@@ -191,7 +191,9 @@ def test_several_prompts_in_one_completion(client, server):
                                         model="smollm2-135m").choices[0]
         assert c.text == p == one.text and c.logprobs.tokens == one.logprobs.tokens
         assert c.logprobs.token_logprobs[0] is None
-        assert c.logprobs.token_logprobs[1:] == pytest.approx(one.logprobs.token_logprobs[1:], abs=1e-6)
+        # scored beside the other prompt: float32 products over other rows, equal to the last bits only with
+        # --batch-invariant (test_batch_invariance.py)
+        assert c.logprobs.token_logprobs[1:] == pytest.approx(one.logprobs.token_logprobs[1:], abs=1e-4)
     chunks = client.completions.create(prompt=prompts[:2], stream=True, echo=True, **args)
     texts = ["", ""]
     for ch in chunks:
