@@ -92,7 +92,7 @@ pack)           # here: .dev/prebuilt.tar.xz and the real models in chunks that 
   rm -rf .stage /tmp/pack && mkdir -p /tmp/pack && (cd "$models" && sha256sum $(basename $SMOL) $(basename $GEMMA)) \
     > /tmp/pack/SUMS || exit 1
   tar chf /tmp/pack/models.tar -C /tmp/pack SUMS -C "$models" $(basename $SMOL) $(basename $GEMMA)
-  limit=67108864; tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+  limit=67108864; tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
   first=$(( limit - tree - $(du -cb .whl .dev/prebuilt.tar.xz | tail -1 | cut -f1) - 300000 ))
   rest=$(( limit - tree - 300000 ))
   mkdir -p .stage/0 && head -c $first /tmp/pack/models.tar > .stage/0/m.00
