@@ -6,11 +6,12 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..gguf import GGUFError, GGUFFile, TensorInfo
-from ..quants import UnsupportedTypeError
+from ..quants import TYPES, GGMLType, UnsupportedTypeError
 from ..parallel.shard import VOCAB_ROWS, Shard
 from .config import ModelConfig
 
-KV_TYPE_BYTES = {"f16": 2, "q8_0": 34 / 32}     # bytes per cached value of each KV type a backend may offer
+KV_TYPE_BYTES = {t: TYPES[g].type_size / TYPES[g].block_size      # bytes per cached value of each KV type a backend
+                 for t, g in (("f16", GGMLType.F16), ("q8_0", GGMLType.Q8_0))}   # may offer
 
 
 class ModelLoadError(ValueError):
