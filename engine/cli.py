@@ -24,8 +24,8 @@ def add_gpu_flags(s) -> None:
     settings generate, bench and serve take."""
     s.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
     s.add_argument("--kv-type", default=None, choices=("f16", "q8_0"),
-                   help="the CPU backend's KV cache in f16, or in llama.cpp's q8_0 blocks (-ctk/-ctv q8_0), instead "
-                        "of f32")
+                   help="the KV cache in llama.cpp's q8_0 blocks (-ctk/-ctv q8_0: half an f16 cache's memory), or "
+                        "in f16 (default: f32 on the CPU, f16 on the GPU)")
     s.add_argument("--eager", action="store_true", help="no CUDA graphs: launch every kernel of every step")
     s.add_argument("--mul-mat-path", default=None, choices=MUL_MAT_PATHS,
                    help="every mul_mat through this kernel path where it takes the shape (default: the dispatch chain)")

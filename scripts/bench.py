@@ -339,8 +339,8 @@ def attention_main(argv):
                          np.int32(n), np.int32(n_head), np.int32(n_kv), np.float32(d ** -0.5), np.int32(0),
                          np.float32(0))
                 if kv_f32:
-                    us = time_batched(lambda _: launch.attention_prefill_simt(d, ((n + 31) // 32, n_head), args_),
-                                      [None], args.reps)
+                    us = time_batched(lambda _: launch.attention_prefill_simt("float", d, ((n + 31) // 32, n_head),
+                                                                              args_), [None], args.reps)
                 else:
                     us = time_batched(lambda _: launch.attention_prefill_mma(d, ((n + 15) // 16, n_head), args_),
                                       [None], args.reps)
@@ -523,10 +523,11 @@ def decode_main(argv):
     ap.add_argument("--churn", action="store_true", help="B requests in flight, replaced as they finish")
     ap.add_argument("--seconds", type=float, default=8, help="--churn's measured time")
     ap.add_argument("--temp", type=float, default=0.8, help="--scheduler's and --churn's sampling temperature")
+    ap.add_argument("--kv-type", default=None, choices=("f16", "q8_0"), help="the KV cache's type")
     args = ap.parse_args(argv)
     npl = [int(v) for v in args.npl.split(",")]
     rt = Runtime.load(args.model, device=args.device, n_seq=max(npl), n_ctx=args.npp + args.ntg + 2,
-                      cuda=CudaConfig(graphs=not args.eager))
+                      cuda=CudaConfig(graphs=not args.eager), kv_type=args.kv_type)
     rng = np.random.default_rng(0)
     if args.churn:
         print("| B | tokens/s | TTFT p50 ms | TTFT p99 ms | prefill / decode steps | ms per prefill / decode step |\n"

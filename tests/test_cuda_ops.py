@@ -129,9 +129,16 @@ ATTENTION_BATCHES = {"mixed": ([1] * 6 + [0], list(range(3, 9)) + [10]),
 ATTENTION_HEADS = [(64, 9, 3), (64, 48, 2), (96, 6, 2), (128, 8, 2), (256, 16, 1)]
 
 
-def attention_caches(backend, rng, n_seq, n_ctx, n_kv, d, layout, spare=5):
+def q8_0_rows(q, scale):
+    """(int8 [..., d], f16 [..., d // 32]) -> GGML's q8_0 blocks of each row, [..., d // 32 * 34] uint8."""
+    blocks = q.reshape(*q.shape[:-1], -1, 32).view(np.uint8)
+    return np.concatenate([scale[..., None].view(np.uint8), blocks], axis=-1).reshape(*q.shape[:-1], -1)
+
+
+def attention_caches(backend, rng, n_seq, n_ctx, n_kv, d, layout, spare=5, kv_type=None):
     """KV caches of random contents on the numpy backend and on `backend`, equal, and the sequences' block tables
-    (None: one whole-context block per sequence; paged: blocks of 16 in a random order, spare blocks among them)."""
+    (None: one whole-context block per sequence; paged: blocks of 16 in a random order, spare blocks among them);
+    kv_type "q8_0": both caches in q8_0 blocks."""
     import cupy as cp
     bs = n_ctx if layout == "whole" else 16
     per = n_ctx // bs
@@ -141,6 +148,15 @@ def attention_caches(backend, rng, n_seq, n_ctx, n_kv, d, layout, spare=5):
         order = rng.permutation(n_blocks)[:n_seq * per].reshape(n_seq, per)
         tables = {s: order[s].tolist() for s in range(n_seq)}
     contents = rng.standard_normal((2, n_blocks, bs, n_kv, d)).astype(np.float32)
+    if kv_type == "q8_0":
+        from engine.backends.cpu import quantize_q8_0
+        ccache = CPUBackend().kv_cache(1, n_blocks, bs, n_kv, d, kv_type="q8_0")
+        gcache = backend.kv_cache(1, n_blocks, bs, n_kv, d, kv_type="q8_0")
+        for i, (values, scales, dst) in enumerate(((ccache.k, ccache.k_scale, gcache.k),
+                                                   (ccache.v, ccache.v_scale, gcache.v))):
+            values[0][:], scales[0][:] = quantize_q8_0(contents[i])
+            dst[0][:n_blocks] = cp.asarray(q8_0_rows(values[0], scales[0]))
+        return ccache, gcache, tables
     ccache = CPUBackend().kv_cache(1, n_blocks, bs, n_kv, d)
     ccache.k[0][:], ccache.v[0][:] = contents
     gcache = backend.kv_cache(1, n_blocks, bs, n_kv, d)
@@ -186,6 +202,33 @@ def test_attention(backends, window, kind, d, n_head, n_kv, softcap, layout):
                 res = gpu.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), gcache, 0, batch, 0.125, window,
                                     softcap)
                 assert_q8_1_written(gpu, res)
+
+
+@pytest.mark.parametrize("layout", ["whole", "paged"])
+@pytest.mark.parametrize("window, softcap", [(None, 0.0), (70, 2.0)])
+@pytest.mark.parametrize("kind", ATTENTION_BATCHES)
+@pytest.mark.parametrize("d, n_head, n_kv", ATTENTION_HEADS)
+def test_attention_q8_0_cache(backends, window, kind, d, n_head, n_kv, softcap, layout):
+    """Every attention kernel over a q8_0 cache (llama.cpp's -ctk/-ctv q8_0) against the numpy backend's q8_0 cache:
+    the same output (both compute in f32 from the same dequantized values), and the new keys and values stored in
+    the same blocks, bit for bit (kv_store_q8_0, and the decode kernel's own store)."""
+    import cupy as cp
+    cpu, gpu, _ = backends
+    rng = np.random.default_rng()
+    seq_ids, positions = ATTENTION_BATCHES[kind]
+    n, n_seq = len(seq_ids), max(2, max(seq_ids) + 1)
+    q = rng.standard_normal((n, n_head, d)).astype(np.float32)
+    k = rng.standard_normal((n, n_kv, d)).astype(np.float32)
+    v = rng.standard_normal((n, n_kv, d)).astype(np.float32)
+    ccache, gcache, tables = attention_caches(gpu, rng, n_seq, 128, n_kv, d, layout, kv_type="q8_0")
+    assert gcache.k[0].dtype == np.uint8 and gcache.k[0].shape[-1] == d // 32 * 34
+    batch = Batch.make(np.zeros(n), positions, seq_ids, np.arange(n), tables)
+    batch.per_row = kind == "per_row"
+    ref = cpu.attention(q, k, v, ccache, 0, batch, 0.125, window, softcap)
+    out = gpu.attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), gcache, 0, batch, 0.125, window, softcap).get()
+    assert nmse(out, ref) < 1e-10, nmse(out, ref)
+    for values, scales, ours in ((ccache.k, ccache.k_scale, gcache.k), (ccache.v, ccache.v_scale, gcache.v)):
+        assert np.array_equal(ours[0][:-1].get(), q8_0_rows(values[0], scales[0]))
 
 
 @pytest.mark.parametrize("layout", ["whole", "paged"])

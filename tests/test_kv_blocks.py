@@ -392,9 +392,9 @@ def kl(p_logits, q_logits):
     return float((np.exp(lp) * (lp - lq)).sum(axis=-1).mean())
 
 
-def forced(path, tokens, n_prefill, kv_type, n_ctx=128):
+def forced(path, tokens, n_prefill, kv_type, n_ctx=128, device="cpu"):
     """Logits of tokens teacher-forced: the first n_prefill in one prefill, the rest one decode step each."""
-    rt = Runtime.load(path, device="cpu", n_ctx=n_ctx, kv_type=kv_type)
+    rt = Runtime.load(path, device=device, n_ctx=n_ctx, kv_type=kv_type)
     first = rt.prefill(tokens[:n_prefill], all_logits=True)
     steps = [rt.decode([0], [t], [n_prefill + i]) for i, t in enumerate(tokens[n_prefill:])]
     return np.concatenate([first, *steps])
@@ -425,6 +425,23 @@ def test_smaller_kv_types_on_the_real_models(model_path, key, name):
     tokens = [int(t) for t in (GOLDEN / f"apache.{key}.tokens").read_text().split()][:300]
     f32, f16, q8 = (forced(name, tokens, 256, t, n_ctx=512) for t in (None, "f16", "q8_0"))
     assert kl(f32, f16) <= 1e-4 and kl(f32, q8) <= 5e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("key, name", [("smol", "smollm2-135m"), ("gemma", "gemma3-270m")])
+def test_q8_0_kv_cache_on_the_gpu(model_path, key, name):
+    """The GPU's q8_0 cache, teacher-forced as above (its prefill through the SIMT kernels, its decode steps
+    replayed from CUDA graphs): within the CPU's bound of the GPU's own f16 cache, and not equal to it; it holds 2x
+    the f16 cache's positions in the same memory."""
+    from conftest import GOLDEN
+    model_path(key)
+    tokens = [int(t) for t in (GOLDEN / f"apache.{key}.tokens").read_text().split()][:300]
+    f16, q8 = (forced(name, tokens, 256, t, n_ctx=512, device="cuda") for t in (None, "q8_0"))
+    assert 0 < kl(f16, q8) <= 5e-3
+    f16_rt = Runtime.load(name, device="cuda", n_ctx=512)
+    q8_rt = Runtime.load(name, device="cuda", n_ctx=512, kv_type="q8_0", kv_memory=kv_bytes(f16_rt, 1024))
+    assert q8_rt.n_blocks / (1024 // q8_rt.block_size) == pytest.approx(2 / (34 / 32), rel=0.05)
 
 
 def test_kv_type_the_backend_does_not_offer(model, monkeypatch):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..gguf import TensorInfo
+from ..quants import TYPES, GGMLType
 
 
 @dataclass
@@ -79,12 +80,14 @@ class KVCache:
     (engine/kv_blocks.py), views of one array of every layer's each, so that a block is copied for all layers at
     once. With blocks of a whole context (block_size == n_ctx) a block is a sequence's slot."""
 
-    def __init__(self, xp, n_layer, n_blocks, block_size, n_head_kv, head_dim, dtype):
-        shape = (n_layer, n_blocks, block_size, n_head_kv, head_dim)
-        self.k_layers = xp.zeros(shape, dtype)      # [n_layer, n_blocks, block_size, n_head_kv, head_dim]
+    def __init__(self, xp, n_layer, n_blocks, block_size, n_head_kv, head_dim, dtype, row_elems=None):
+        """row_elems: elements of dtype one head's row of head_dim values takes (None: head_dim)."""
+        shape = (n_layer, n_blocks, block_size, n_head_kv, row_elems or head_dim)
+        self.k_layers = xp.zeros(shape, dtype)      # [n_layer, n_blocks, block_size, n_head_kv, row_elems]
         self.v_layers = xp.zeros(shape, dtype)
         self.k, self.v = list(self.k_layers), list(self.v_layers)        # per layer views
         self.n_blocks = n_blocks
+        self.n_head_kv, self.head_dim = n_head_kv, head_dim
         self.block_size = self.n_ctx = block_size
         self.pad_slot: int | None = None    # a spare block padding rows of a replayed decode step may write
 
@@ -104,6 +107,16 @@ class KVCache:
         """Positions lo..hi-1 of the sequence whose blocks are table -> keys, values [hi - lo, n_head_kv, head_dim]
         of dtype (views when they lie in one block and the cache has that dtype)."""
         return tuple(block_positions(c[layer], table, lo, hi).astype(dtype, copy=False) for c in (self.k, self.v))
+
+
+Q8_0 = TYPES[GGMLType.Q8_0]     # GGML's q8_0 block: an f16 scale and 32 int8 values
+Q8_0_GROUP = Q8_0.block_size     # values per q8_0 scale
+
+
+def check_q8_0_head_dim(head_dim: int) -> None:
+    if head_dim % Q8_0_GROUP:
+        raise ValueError(f"a q8_0 KV cache needs a head dimension that is a multiple of {Q8_0_GROUP} "
+                         f"(this model's is {head_dim})")
 
 
 def block_positions(cache, table, lo: int, hi: int):

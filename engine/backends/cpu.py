@@ -14,9 +14,7 @@ import numpy as np
 
 from ..gguf import TensorInfo
 from ..quants import dequantize
-from .base import Backend, Batch, KVCache, block_positions
-
-Q8_0_GROUP = 32          # values per q8_0 scale (GGML's block)
+from .base import Q8_0_GROUP, Backend, Batch, KVCache, block_positions, check_q8_0_head_dim
 
 
 def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -41,9 +39,7 @@ class Q8KVCache(KVCache):
     n_head_kv, head_dim] and f16 scales [n_blocks, block_size, n_head_kv, head_dim // 32] per layer."""
 
     def __init__(self, n_layer, n_blocks, block_size, n_head_kv, head_dim):
-        if head_dim % Q8_0_GROUP:
-            raise ValueError(f"a q8_0 KV cache needs a head dimension that is a multiple of {Q8_0_GROUP} "
-                             f"(this model's is {head_dim})")
+        check_q8_0_head_dim(head_dim)
         super().__init__(np, n_layer, n_blocks, block_size, n_head_kv, head_dim, np.int8)
         shape = (n_layer, n_blocks, block_size, n_head_kv, head_dim // Q8_0_GROUP)
         self.k_scale_layers = np.zeros(shape, np.float16)      # [n_layer, n_blocks, block_size, n_head_kv, groups]

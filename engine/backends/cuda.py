@@ -1,6 +1,7 @@
 """The CUDA backend: weights stay in their GGUF blocks on the GPU, every operation runs on the device.
 
-mul_mat goes through engine/cuda/dispatch.py; the KV cache is f16 (f32 with kv_f32=True); activations are f32 and
+mul_mat goes through engine/cuda/dispatch.py; the KV cache is f16 (f32 with kv_f32=True, GGML's q8_0 blocks with
+kv_type="q8_0"); activations are f32 and
 treated as immutable (an array's q8_1 quantization is reused by the next mul_mat of the same array). All work runs on
 one stream of the backend; decode steps and repeated prefill ubatches are replayed as CUDA graphs
 (backends/cuda_graphs.py).
@@ -20,7 +21,7 @@ from ..cuda.launch import DecodeKernel, decode_kernel
 from ..cuda.weights import GPUWeight, upload
 from ..gguf import TensorInfo
 from ..quants import dequantize
-from .base import Backend, Batch, KVCache
+from .base import Q8_0, Backend, Batch, KVCache, check_q8_0_head_dim
 from .cuda_graphs import StepGraphs
 from .step_shapes import warm_up_shapes
 
@@ -73,6 +74,8 @@ class AttentionCall(NamedTuple):
     paging: tuple            # (tables, width, shift, rows): CUDABackend._paging
 
 
+KV_KERNEL_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float16): "u16",   # a cache's dtype -> its
+                   np.dtype(np.uint8): "kvq8_0"}                                # attention.cu value type
 ATTENTION_TICKETS = 128 * 128     # attention_decode's counters: rows x blocks per row of a launch (a mixed step's 128)
 INVARIANT_ROWS = 128              # rows per attention_decode launch in batch-invariant mode (its part buffer's size)
 DECODE_BLOCKS_PER_SM = 4          # decode attention's blocks: enough for this many per SM, where the keys allow
@@ -81,6 +84,7 @@ DECODE_BLOCKS_PER_SM = 4          # decode attention's blocks: enough for this m
 class CUDABackend(Backend):
     name = "cuda"
     paged_kv = True
+    kv_types = ("f16", "q8_0")
 
     def __init__(self, kv_f32: bool = False, config: CudaConfig | None = None):
         self.config = config or CudaConfig()
@@ -237,8 +241,14 @@ class CUDABackend(Backend):
                                     np.float32(mscale)))
         return y
 
-    def kv_cache(self, n_layer, n_blocks, block_size, n_head_kv, head_dim):
-        cache = KVCache(cp, n_layer, n_blocks + 1, block_size, n_head_kv, head_dim, self.kv_dtype)
+    def kv_cache(self, n_layer, n_blocks, block_size, n_head_kv, head_dim, kv_type=None):
+        if kv_type == "q8_0":                    # each head row: head_dim / 32 q8_0 blocks, as bytes
+            check_q8_0_head_dim(head_dim)
+            cache = KVCache(cp, n_layer, n_blocks + 1, block_size, n_head_kv, head_dim, cp.uint8,
+                            Q8_0.row_bytes(head_dim))
+        else:
+            cache = KVCache(cp, n_layer, n_blocks + 1, block_size, n_head_kv, head_dim,
+                            cp.float16 if kv_type == "f16" else self.kv_dtype)
         cache.pad_slot = n_blocks                # graph replays pad their batch with rows writing this spare block
         cache.whole_tables = cp.arange(n_blocks + 1, dtype=cp.int32)   # [n_blocks + 1]: block i is row i's table
         return cache
@@ -316,7 +326,7 @@ class CUDABackend(Backend):
         return n_kv * -(-group // (dk or self._decode_kernel(n_head, ctx)).rows)
 
     def _decode_kernel(self, n_head: int, ctx) -> DecodeKernel:
-        n_kv, d = ctx.cache.k[ctx.layer].shape[2:]
+        n_kv, d = ctx.cache.n_head_kv, ctx.cache.head_dim
         return decode_kernel(self._kv_type(ctx.cache, ctx.layer), d, n_head // n_kv, ctx.softcap)
 
     def _decode_fits(self, n: int, n_head: int, ctx) -> bool:
@@ -325,12 +335,14 @@ class CUDABackend(Backend):
 
     @staticmethod
     def _kv_type(cache, layer) -> str:
-        return "float" if cache.k[layer].dtype == cp.float32 else "u16"
+        """The cache's value type as kernels/attention.cu names it (build.KV_TYPES)."""
+        return KV_KERNEL_TYPES[cache.k[layer].dtype]
 
     def _kv_store(self, k, v, tabs, positions, ctx) -> None:
         cache, layer, paging = ctx.cache, ctx.layer, ctx.paging
         n, row = k.shape[0], k.shape[1] * k.shape[2]
-        kernel("attention", f"kv_store<{self._kv_type(cache, layer)}>")(
+        kv_type = self._kv_type(cache, layer)
+        kernel("attention", "kv_store_q8_0" if kv_type == "kvq8_0" else f"kv_store<{kv_type}>")(
             ((n * row + 255) // 256,), (256,), (k, v, cache.k[layer], cache.v[layer], tabs, positions, *paging,
                                                 np.int32(n), np.int32(row)))
 
@@ -422,7 +434,10 @@ class CUDABackend(Backend):
         pargs = (q, cache.k[layer], cache.v[layer], out, tabs, positions, *paging,
                  np.uint64(0) if tiles is None else self._dev(tiles), np.int32(n), np.int32(n_head),
                  np.int32(cache.k[layer].shape[2]), np.float32(scale), np.int32(window or 0), np.float32(softcap))
-        (launch.attention_prefill_mma if mma else launch.attention_prefill_simt)(d, (blocks, n_head), pargs)
+        if mma:
+            launch.attention_prefill_mma(d, (blocks, n_head), pargs)
+        else:
+            launch.attention_prefill_simt(self._kv_type(cache, layer), d, (blocks, n_head), pargs)
 
     def swiglu(self, gate, up):
         return self._glu_act(_swiglu, _swiglu_f16, gate, up)

@@ -43,6 +43,7 @@ ATTENTION_HEAD_CHUNKS = (2, 4, 8)      # attention.cu's attention: head_dim / 32
 DECODE_HEAD_DIMS = (64, 128, 256)      # attention.cu's attention_decode: head_dim padded to one of these
 DECODE_GROUPS = (1, 2, 4, 8)           # ... and the query heads of a GQA group one block takes
 DECODE_MMA_HEAD_DIMS = (64, 128, 256)  # attention.cu's attention_decode_mma (tensor cores): an f16 cache's head_dim
+KV_TYPES = ("u16", "float", "kvq8_0")  # attention.cu's cache value types: f16, f32, q8_0 blocks (kv_row_elems)
 NORM_VALUES = (2, 4, 8, 16)            # rms_norm.cu: the values a thread holds (rows up to 16 x 1024)
 TYPE_ALIASES = {"u16": "unsigned short"}     # common.cuh's typedefs as a demangled symbol spells them
 # kernels whose first template argument is a quantized type
@@ -96,13 +97,13 @@ def name_expressions(family: str) -> list[str]:
     if family == "rms_norm":
         return [f"{k}<{v}>" for k in ("rms_norm", "add_rms_norm") for v in NORM_VALUES]
     if family == "attention":
-        return [f"kv_store<{t}>" for t in ("u16", "float")] + [
-            f"attention<{t}, {e}, {c}>" for t in ("u16", "float") for e in ATTENTION_HEAD_CHUNKS
+        return [f"kv_store<{t}>" for t in ("u16", "float")] + ["kv_store_q8_0"] + [
+            f"attention<{t}, {e}, {c}>" for t in KV_TYPES for e in ATTENTION_HEAD_CHUNKS
             for c in ("false", "true")] + [
-            f"attention_decode<{t}, {d}, {g}, {c}>" for t in ("u16", "float") for d in DECODE_HEAD_DIMS
+            f"attention_decode<{t}, {d}, {g}, {c}>" for t in KV_TYPES for d in DECODE_HEAD_DIMS
             for g in DECODE_GROUPS for c in ("false", "true")] + [
             f"attention_decode_mma<{d}, {c}>" for d in DECODE_MMA_HEAD_DIMS for c in ("false", "true")] + [
-            f"attention_prefill<float, {d}>" for d in PREFILL_HEAD_DIMS]
+            f"attention_prefill<{t}, {d}>" for t in ("float", "kvq8_0") for d in PREFILL_HEAD_DIMS]
     if family == "attention_mma":
         return [f"attention_prefill_mma<{d}>" for d in PREFILL_HEAD_DIMS]
     raise KeyError(family)

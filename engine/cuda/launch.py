@@ -152,12 +152,13 @@ def attention_prefill_mma(d: int, grid: tuple, args: tuple) -> None:
     with_smem(kernel("attention_mma", f"attention_prefill_mma<{d}>"), smem)(grid, (128,), args, shared_mem=smem)
 
 
-def attention_prefill_simt(d: int, grid: tuple, args: tuple) -> None:
-    """kernels/attention.cu attention_prefill<float, d> (an f32 cache): block 128, prefill_smem_floats(d) floats."""
+def attention_prefill_simt(kv_type: str, d: int, grid: tuple, args: tuple) -> None:
+    """kernels/attention.cu attention_prefill<kv_type, d> (an f32 or q8_0 cache): block 128, prefill_smem_floats(d)
+    floats."""
     c = constants("attention")
     bq, bk = c["PREFILL_BQ"], c["PREFILL_BK"]
     smem = ((bq + bk) * (d + 1) + bk * d + bq * (bk + 1)) * 4     # prefill_smem_floats(d)
-    with_smem(kernel("attention", f"attention_prefill<float, {d}>"), smem)(grid, (128,), args, shared_mem=smem)
+    with_smem(kernel("attention", f"attention_prefill<{kv_type}, {d}>"), smem)(grid, (128,), args, shared_mem=smem)
 
 
 class DecodeKernel(NamedTuple):

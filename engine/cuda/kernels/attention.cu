@@ -1,6 +1,7 @@
 // Attention over the KV cache, GQA, causal with an optional sliding window; fp32 online softmax.
 //
-// The cache is paged: cache_k, cache_v : [n_blocks, rows, n_kv, head_dim] f16 (or f32 with KV_F32), and position j
+// The cache is paged: cache_k, cache_v : [n_blocks, rows, n_kv, head_dim] f16 (or f32 with KV_F32; or kvq8_0: each
+// head row GGML's q8_0 blocks, head_dim / 32 of 34 bytes, [n_blocks, rows, n_kv, head_dim / 32 * 34]), and position j
 // of the sequence whose block table is row `tab` of tables ([*, width] int32) sits in cache row
 // tables[tab * width + (j >> shift)] * rows + (j & (2^shift - 1)) (KVRows). Blocks of 2^shift = rows positions;
 // a cache of one block per sequence's whole context is shift 31, rows n_ctx, and a one-entry table per sequence.
@@ -9,6 +10,8 @@
 // kv_store: write this batch's k, v into the cache.
 //   k, v : [n, n_kv, head_dim] f32
 //   Launch rule: one thread per element; block 256.
+// kv_store_q8_0: the same into a q8_0 cache, a warp per block of 32 values (warp_store_q8_0: GGML's rounding, as
+// the numpy backend's quantize_q8_0). Launch rule: one thread per element; block 256.
 //
 // attention: one warp per (query token, head); the warp streams the keys p-window+1..p of the token's sequence
 // (p = its position), each lane holding head_dim/32 of q and of the output, with an online softmax in fp32.
@@ -21,7 +24,7 @@
 // key and value is read once for the group. The keys p-window+1..p split into chunks whose size depends on the
 // sequence's length alone (decode_chunk: DECODE_CHUNK_KEYS, more where the length needs over DECODE_MAX_CHUNKS of
 // them), never on the batch: block z of n_split takes chunks z, z + n_split, .... Within a block DP / 8 lanes hold
-// a key's head_dim (8 values each, 16-byte loads), so a warp takes 32 / (DP / 8) keys at a time, DECODE_KEYS of
+// a key's head_dim (8 values each: Raw8's loads), so a warp takes 32 / (DP / 8) keys at a time, DECODE_KEYS of
 // those loaded together; each key group keeps an online softmax per query head; at the chunk's end the groups merge
 // (shuffles, then the 4 warps through shared memory) into the chunk's state in part. The last block of the (token,
 // group) to finish (a ticket from counters, reset to 0 for the next launch) merges the chunks' states in chunk
@@ -42,8 +45,8 @@
 //
 // attention_decode_mma: attention_decode on f16 tensor cores for an f16 cache of head_dim 64, 128 or 256 (below).
 //
-// attention_prefill: many query tokens of one sequence at consecutive positions (a prefill ubatch) with an f32 cache
-// (attention_mma.cu serves an f16 cache on tensor cores), tiled: a block
+// attention_prefill: many query tokens of one sequence at consecutive positions (a prefill ubatch) with an f32 or q8_0
+// cache (attention_mma.cu serves an f16 cache on tensor cores), tiled: a block
 // takes 32 queries of one head and streams their keys in tiles of 32 through shared memory (as f32); scores and
 // output in fp32 with an online softmax per query. Thread (r = tid / 4, c = tid % 4) owns query r: the scores of
 // keys c, c+4, ... of each tile and the output dims c, c+4, .... A block's table row and first position are its
@@ -64,12 +67,33 @@
 #define DECODE_MMA_KEYS 64       // ... keys of a tile (16 a warp), two tiles in flight
 #define DECODE_MMA_SMEM_ROWS (DECODE_MMA_ROWS + 4 * DECODE_MMA_KEYS)   // its f16 rows of head_dim + 8 in shared memory
 
-template <typename KV> __device__ __forceinline__ float kv_load(const KV* p);
-template <> __device__ __forceinline__ float kv_load<u16>(const u16* p) { return h2f(*p); }
-template <> __device__ __forceinline__ float kv_load<float>(const float* p) { return *p; }
+// The cache's value types: u16 (f16), float, and kvq8_0, a byte of a head row of q8_0 blocks. A head row of
+// head_dim values is kv_row_elems<KV>(head_dim) of them, and kv_get reads its value i.
+#define Q8_0_BYTES 34            // a q8_0 block: f16 scale, 32 int8
+struct kvq8_0 { u8 b; };
+template <typename KV> __host__ __device__ constexpr int kv_row_elems(int head_dim) { return head_dim; }
+template <> __host__ __device__ constexpr int kv_row_elems<kvq8_0>(int head_dim) { return head_dim / 32 * Q8_0_BYTES; }
+template <typename KV> __device__ __forceinline__ float kv_get(const KV* row, int i);
+template <> __device__ __forceinline__ float kv_get<u16>(const u16* row, int i) { return h2f(row[i]); }
+template <> __device__ __forceinline__ float kv_get<float>(const float* row, int i) { return row[i]; }
+template <> __device__ __forceinline__ float kv_get<kvq8_0>(const kvq8_0* row, int i) {
+    const u8* b = (const u8*)row + (i >> 5) * Q8_0_BYTES;
+    return h2f(*(const u16*)b) * (float)(signed char)b[2 + (i & 31)];
+}
 template <typename KV> __device__ __forceinline__ KV kv_cast(float v);
 template <> __device__ __forceinline__ u16 kv_cast<u16>(float v) { return f2h(v); }
 template <> __device__ __forceinline__ float kv_cast<float>(float v) { return v; }
+
+// A warp stores one q8_0 block: lane i's value x as int8 i of blk, the scale max|x| / 127 (f32, stored as f16);
+// values x / scale through the f32 inverse, rounded half away from zero (GGML's quantize_row_q8_0).
+__device__ __forceinline__ void warp_store_q8_0(float x, int lane, u8* blk) {
+    float amax = fabsf(x);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f, y = x * id;
+    blk[2 + lane] = (u8)(signed char)(int)truncf(y + copysignf(0.5f, y));
+    if (lane == 0) *(u16*)blk = f2h(d);
+}
 
 template <typename KV>
 __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ v, KV* __restrict__ cache_k,
@@ -82,6 +106,19 @@ __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ 
     const long long dst = KVRows(tables, width, shift, rows, tabs[tok])(positions[tok]) * row + e;
     cache_k[dst] = kv_cast<KV>(k[t]);
     cache_v[dst] = kv_cast<KV>(v[t]);
+}
+
+__global__ void kv_store_q8_0(const float* __restrict__ k, const float* __restrict__ v, kvq8_0* __restrict__ cache_k,
+                              kvq8_0* __restrict__ cache_v, const int* __restrict__ tabs,
+                              const int* __restrict__ positions, const int* __restrict__ tables, int width, int shift,
+                              int rows, int n, int row) {   // row = n_kv * head_dim, a multiple of 32
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (long long)n * row) return;                   // whole warps: n * row is a multiple of 32
+    const int tok = (int)(t / row), blk = (int)(t % row) >> 5;
+    const long long dst = KVRows(tables, width, shift, rows, tabs[tok])(positions[tok]) * (row / 32 * Q8_0_BYTES) +
+                          (long long)blk * Q8_0_BYTES;
+    warp_store_q8_0(k[t], threadIdx.x & 31, (u8*)cache_k + dst);
+    warp_store_q8_0(v[t], threadIdx.x & 31, (u8*)cache_v + dst);
 }
 
 // One warp's online softmax over keys j0, j0 + step, ... < j1 (cache rows kv(j)): updates (m, l, acc); CAP caps each
@@ -101,7 +138,10 @@ __device__ __forceinline__ void attend_keys(const KV* kb, const KV* vb, long lon
             const long long r = kv(j + u * step) * stride;
 #pragma unroll
             for (int e = 0; e < MAXE; ++e)
-                if (e < per) { kx[u][e] = kv_load<KV>(kb + r + e * 32 + lane); vx[u][e] = kv_load<KV>(vb + r + e * 32 + lane); }
+                if (e < per) {
+                    kx[u][e] = kv_get<KV>(kb + r, e * 32 + lane);
+                    vx[u][e] = kv_get<KV>(vb + r, e * 32 + lane);
+                }
         }
 #pragma unroll
         for (int u = 0; u < ATTN_KEYS; ++u) {
@@ -138,14 +178,14 @@ __device__ __forceinline__ void attend_keys(const KV* kb, const KV* vb, long lon
         const long long r = kv(j) * stride;
         float s = 0.f;
 #pragma unroll
-        for (int e = 0; e < MAXE; ++e) if (e < per) s += qv[e] * kv_load<KV>(kb + r + e * 32 + lane);
+        for (int e = 0; e < MAXE; ++e) if (e < per) s += qv[e] * kv_get<KV>(kb + r, e * 32 + lane);
         s = warp_sum(s);
         if (CAP) s = softcap * tanhf(s / softcap);
         const float m_new = fmaxf(m, s);
         const float corr = expf(m - m_new), pj = expf(s - m_new);
         l = l * corr + pj;
 #pragma unroll
-        for (int e = 0; e < MAXE; ++e) if (e < per) acc[e] = acc[e] * corr + pj * kv_load<KV>(vb + r + e * 32 + lane);
+        for (int e = 0; e < MAXE; ++e) if (e < per) acc[e] = acc[e] * corr + pj * kv_get<KV>(vb + r, e * 32 + lane);
         m = m_new;
     }
 }
@@ -164,9 +204,9 @@ attention(const float* __restrict__ q, const KV* __restrict__ cache_k, const KV*
     float qv[MAXE], acc[MAXE];
 #pragma unroll
     for (int e = 0; e < MAXE; ++e) { qv[e] = e < per ? qh[e * 32 + lane] * scale : 0.f; acc[e] = 0.f; }
-    const long long off = (long long)kvh * head_dim;
+    const long long off = (long long)kvh * kv_row_elems<KV>(head_dim);
     float m = NEG_INF, l = 0.f;
-    attend_keys<KV, MAXE, CAP>(cache_k + off, cache_v + off, (long long)n_kv * head_dim,
+    attend_keys<KV, MAXE, CAP>(cache_k + off, cache_v + off, (long long)n_kv * kv_row_elems<KV>(head_dim),
                                KVRows(tables, width, shift, rows, tabs[tok]), lo, p + 1, 1, qv, acc, m, l, per, lane,
                                softcap);
     float* oh = out + ((long long)tok * n_head + h) * head_dim;
@@ -195,11 +235,12 @@ struct DecodeBlock {
     }
 };
 
-// 8 consecutive cache values as raw 16-byte (f16) or 32-byte (f32) loads, and as floats.
+// Values i..i+7 (i a multiple of 8) of a head row as raw loads - 16 bytes (f16), 32 bytes (f32), or 8 bytes and
+// their block's scale (q8_0, 2-byte aligned: four 2-byte loads) - and as floats.
 template <typename KV> struct Raw8;
 template <> struct Raw8<u16> {
     uint4 r;
-    __device__ __forceinline__ void load(const u16* p) { r = *(const uint4*)p; }
+    __device__ __forceinline__ void load(const u16* row, int i) { r = *(const uint4*)(row + i); }
     __device__ __forceinline__ void zero() { r = make_uint4(0u, 0u, 0u, 0u); }
     __device__ __forceinline__ void floats(float x[8]) const {
         const u32 w[4] = {r.x, r.y, r.z, r.w};
@@ -209,10 +250,31 @@ template <> struct Raw8<u16> {
 };
 template <> struct Raw8<float> {
     float4 a, b;
-    __device__ __forceinline__ void load(const float* p) { a = ((const float4*)p)[0]; b = ((const float4*)p)[1]; }
+    __device__ __forceinline__ void load(const float* row, int i) {
+        a = ((const float4*)(row + i))[0]; b = ((const float4*)(row + i))[1];
+    }
     __device__ __forceinline__ void zero() { a = b = make_float4(0.f, 0.f, 0.f, 0.f); }
     __device__ __forceinline__ void floats(float x[8]) const {
         x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w; x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
+    }
+};
+template <> struct Raw8<kvq8_0> {
+    u16 d, w[4];
+    __device__ __forceinline__ void load(const kvq8_0* row, int i) {
+        const u8* b = (const u8*)row + (i >> 5) * Q8_0_BYTES;
+        const u16* qs = (const u16*)(b + 2 + (i & 31));
+        d = *(const u16*)b;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) w[k] = qs[k];
+    }
+    __device__ __forceinline__ void zero() { d = w[0] = w[1] = w[2] = w[3] = 0; }
+    __device__ __forceinline__ void floats(float x[8]) const {
+        const float s = h2f(d);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            x[2 * k] = s * (float)(signed char)(w[k] & 0xffu);
+            x[2 * k + 1] = s * (float)(signed char)(w[k] >> 8);
+        }
     }
 };
 
@@ -228,6 +290,22 @@ __device__ __forceinline__ void decode_store_new(const float* __restrict__ k_new
         for (int e = tid; e < head_dim; e += DECODE_WARPS * 32) {
             cache_k[dst + e] = kv_cast<KV>(k_new[src + e]);
             cache_v[dst + e] = kv_cast<KV>(v_new[src + e]);
+        }
+    }
+    __syncthreads();
+}
+template <>
+__device__ __forceinline__ void decode_store_new<kvq8_0>(const float* __restrict__ k_new,
+                                                         const float* __restrict__ v_new, kvq8_0* cache_k,
+                                                         kvq8_0* cache_v, const KVRows& kv, int p, int tok, int kvh,
+                                                         int n_kv, int head_dim, bool on, int tid) {
+    if (on) {                                            // warp w: the head row's blocks w, w + DECODE_WARPS, ...
+        const int row = kv_row_elems<kvq8_0>(head_dim), lane = tid & 31;
+        const long long src = ((long long)tok * n_kv + kvh) * head_dim;
+        const long long dst = kv(p) * n_kv * row + (long long)kvh * row;
+        for (int b = tid >> 5; b < head_dim / 32; b += DECODE_WARPS) {
+            warp_store_q8_0(k_new[src + b * 32 + lane], lane, (u8*)cache_k + dst + b * Q8_0_BYTES);
+            warp_store_q8_0(v_new[src + b * 32 + lane], lane, (u8*)cache_v + dst + b * Q8_0_BYTES);
         }
     }
     __syncthreads();
@@ -324,7 +402,8 @@ attention_decode(const float* __restrict__ q, KV* cache_k, KV* cache_v, float* _
     const int p = blk.p, lo = blk.lo, chunk = blk.chunk, n_chunks = blk.n_chunks;
     const int lane = threadIdx.x, w = threadIdx.y, tid = w * 32 + lane, sub = lane % LPK, ks = lane / LPK;
     const KVRows kv(tables, width, shift, rows, tabs[tok]);
-    const long long stride = (long long)n_kv * head_dim, off = (long long)kvh * head_dim + sub * 8;
+    const int row = kv_row_elems<KV>(head_dim);          // a head row's cache elements
+    const long long stride = (long long)n_kv * row, off = (long long)kvh * row;
     const bool lane_on = sub * 8 < head_dim;
     float qv[GMAX][8];
 #pragma unroll
@@ -350,8 +429,8 @@ attention_decode(const float* __restrict__ q, KV* cache_k, KV* cache_v, float* _
                 const int j = jw + ks + u * GROUPS;
                 if (j < j1 && lane_on) {
                     const long long r = kv(j) * stride + off;
-                    kr[u].load(cache_k + r);
-                    vr[u].load(cache_v + r);
+                    kr[u].load(cache_k + r, sub * 8);
+                    vr[u].load(cache_v + r, sub * 8);
                 } else {
                     kr[u].zero();
                     vr[u].zero();
@@ -609,7 +688,7 @@ attention_prefill(const float* __restrict__ q, const KV* __restrict__ cache_k, c
     }
     const int qp = p0 + r, qp_last = p0 + nq - 1;
     const int lo = window > 0 ? max(0, p0 - window + 1) : 0;
-    const long long stride = (long long)n_kv * D, off = (long long)kvh * D;
+    const long long stride = (long long)n_kv * kv_row_elems<KV>(D), off = (long long)kvh * kv_row_elems<KV>(D);
     const KVRows kv(tables, width, shift, rows, tabs[t0]);
     float o[PER];
 #pragma unroll
@@ -620,9 +699,9 @@ attention_prefill(const float* __restrict__ q, const KV* __restrict__ cache_k, c
         for (int e = tid; e < BK * D; e += 128) {
             const int jj = e / D, d = e % D, j = j0 + jj;
             const bool in = j <= qp_last;
-            const long long r = in ? kv(j) * stride + off + d : 0;
-            sk[jj * DP + d] = in ? kv_load<KV>(cache_k + r) : 0.f;
-            sv[jj * D + d] = in ? kv_load<KV>(cache_v + r) : 0.f;
+            const long long r = in ? kv(j) * stride + off : 0;
+            sk[jj * DP + d] = in ? kv_get<KV>(cache_k + r, d) : 0.f;
+            sv[jj * D + d] = in ? kv_get<KV>(cache_v + r, d) : 0.f;
         }
         __syncthreads();
         float s[BK / 4];
