@@ -372,8 +372,11 @@ def cmd_bench(args) -> int:
                       batch_invariant=args.batch_invariant)
     rows = run_bench(rt, args.p, args.n, args.r)
     tp = f" tp{rt.tensor_parallel}" if rt.tensor_parallel > 1 else ""
-    print(format_table(Path(rt.gguf.path).name, rt.backend.name + tp, rows, args.ubatch))
+    print(format_table(Path(rt.gguf.path).name, rt.backend.name + tp, rows, rt.n_ubatch))
     return 0
+
+
+UBATCH_HELP = "tokens of one prefill ubatch (default: 2048 on the GPU, 512 on the CPU)"
 
 
 def _sampling_and_runtime_args(s) -> None:
@@ -384,7 +387,7 @@ def _sampling_and_runtime_args(s) -> None:
     s.add_argument("--min-p", type=float, default=0.05, help="drop tokens below min_p times the best one's p")
     s.add_argument("--repeat-penalty", type=float, default=1.0, help="llama.cpp's repeat penalty")
     s.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
-    s.add_argument("--ubatch", type=int, default=512, help="tokens of one prefill ubatch")
+    s.add_argument("--ubatch", type=int, default=None, help=UBATCH_HELP)
     s.add_argument("--ctx", type=int, default=None, help="context length (default: the model's, at most 4096)")
     s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
     add_gpu_flags(s)
@@ -443,7 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-p", type=int, default=512, help="prompt tokens")
     s.add_argument("-n", type=int, default=128, help="generated tokens")
     s.add_argument("-r", type=int, default=5, help="repetitions")
-    s.add_argument("--ubatch", type=int, default=512)
+    s.add_argument("--ubatch", type=int, default=None, help=UBATCH_HELP)
     s.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
     add_gpu_flags(s)
     s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",

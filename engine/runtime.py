@@ -23,7 +23,6 @@ from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
 
 DEFAULT_CTX = 4096
-DEFAULT_UBATCH = 512
 
 
 class ContextLengthError(ValueError):
@@ -58,13 +57,14 @@ class Generation:
 
 class Runtime:
     def __init__(self, gguf: GGUFFile, device: str = "auto", n_ctx: int | None = None,
-                 n_ubatch: int = DEFAULT_UBATCH, exact: bool = False, n_seq: int = 1, kv_f32: bool = False,
+                 n_ubatch: int | None = None, exact: bool = False, n_seq: int = 1, kv_f32: bool = False,
                  cuda=None, tensor_parallel=1, kv_memory: float | None = None, kv_type: str | None = None,
                  batch_invariant: bool = False):
         """n_seq: the sequences that can be in flight at once. kv_memory: bytes of KV cache (a paged cache's blocks;
         None: enough for n_seq whole contexts). kv_type: the cache's type when not the backend's own (f32 on the
         CPU, f16 on the GPU): one of the backend's kv_types. batch_invariant: a sequence's logits do not depend on
-        the others in its steps (get_backend)."""
+        the others in its steps (get_backend). n_ubatch: tokens of one prefill ubatch (None: the backend's
+        prefill_ubatch)."""
         self.gguf = gguf
         model_class(gguf)                          # an unsupported architecture is the first thing to say
         self.tokenizer = Tokenizer(gguf)
@@ -81,6 +81,7 @@ class Runtime:
         self.tensor_parallel = parallel.size
         self.backend.prepare_kernels()
         self.config = self.model.cfg
+        n_ubatch = self.backend.prefill_ubatch if n_ubatch is None else n_ubatch
         if n_ubatch < 1:
             raise ValueError("n_ubatch must be >= 1")
         if n_ctx is not None and n_ctx < 1:

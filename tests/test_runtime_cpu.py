@@ -73,6 +73,16 @@ def test_long_prompt_same_tokens_for_every_ubatch(model_path, key):
     assert results[0] == results[1] == results[2]
 
 
+def test_ubatch_defaults_to_the_backends(model_path):
+    from engine.backends.base import Backend
+    rt = runtime(model_path, "smol", n_ctx=1024)
+    assert rt.n_ubatch == rt.backend.prefill_ubatch == Backend.prefill_ubatch
+    with pytest.raises(ValueError, match="n_ubatch must be >= 1"):
+        Runtime.load(MODEL_KEYS["smol"], device="cpu", n_ctx=64, n_ubatch=0)
+    r = run_cli("bench", model_path("smol"), "-p", "8", "-n", "2", "-r", "1", "--device", "cpu")
+    assert r.returncode == 0 and f"| cpu | {Backend.prefill_ubatch} | pp8 |" in r.stdout, r.stdout + r.stderr
+
+
 def test_prompt_longer_than_context_is_an_error(model_path):
     rt = runtime(model_path, "smol", n_ctx=64)
     with pytest.raises(ContextLengthError, match="more than the context of 64"):

@@ -32,6 +32,7 @@ def test_greedy32_cuda(model_path, key):
 def test_fidelity_cuda_against_exact(model_path, key):
     rt = Runtime.load(model_path(key), device="cuda", n_ctx=4096)
     tokens = [int(x) for x in (GOLDEN / f"apache.{key}.tokens").read_text().split()]
+    assert rt.n_ubatch == 2048 < len(tokens)           # the default ubatch, and a second one over a cached prefix
     ours = top_k_logprobs(rt.prefill(tokens, all_logits=True))
     result = compare(ours, read_lp(DATA / "exact" / f"apache.{key}.exact.lp16.bin"))
     print(key, "cuda vs exact", result)

@@ -141,6 +141,7 @@ class Backend:
     failure = None   # why this backend can no longer run any step (a tensor-parallel group's lost rank), or None
     supports_moe = False   # implements moe() (mixture-of-experts FFNs)
     kv_types: tuple = ()   # KV-cache types it can hold besides its own (Runtime's kv_type)
+    prefill_ubatch = 512   # tokens of one prefill ubatch when the caller names none (Runtime's n_ubatch)
     paged_kv = False       # attention reads a sequence's KV positions through its block table (Batch.block_tables);
                            # else through one block of a whole context per sequence (its seq_id)
 

@@ -83,6 +83,7 @@ DECODE_BLOCKS_PER_SM = 4          # decode attention's blocks: enough for this m
 
 class CUDABackend(Backend):
     name = "cuda"
+    prefill_ubatch = 2048  # each ubatch past 128 columns dequantizes every weight once: fewer, longer ubatches
     paged_kv = True
     kv_types = ("f16", "q8_0")
 
