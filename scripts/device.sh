@@ -39,8 +39,10 @@
 #   bash scripts/device.sh serve synth|smol [SECS]  serve_compare.sh on one model (1, 8, 32, 64 clients)
 #   bash scripts/device.sh bench [SECS]   synthetic 8B: engine core batched decode (raw and --scheduler) beside
 #                                         llama-batched-bench; then serve_compare.sh on the 8B and SmolLM2
-#   bash scripts/device.sh depth [D,..]   tg128 of one sequence after D tokens (default 4096,16384,32768) on the 8B,
-#                                         after 4096 on SmolLM2 and Gemma 3; llama-bench -d beside when built
+#   bash scripts/device.sh depth [D,..] [KV]  tg128 of one sequence after D tokens (default 4096,16384,32768) on
+#                                         the 8B, after 4096 on SmolLM2 and Gemma 3; llama-bench -d beside when built;
+#                                         KV: the cache's type (f16, q8_0) in both, and the real models' KL at it
+#   bash scripts/device.sh ubatch         the 8B's pp512 / pp4096 at --ubatch 512 and the default; llama-bench beside
 #   bash scripts/device.sh capacity [SECS]  the 8B in the KV memory of --parallel 32 --ctx 4096, 128 clients of 500
 #                                         tokens each (--parallel 128): errors, preemptions
 #   bash scripts/device.sh tp [N]         (N GPUs) synthetic 8B and 70B: engine bench -p 512 -n 128 at -tp 1 and N,
@@ -260,18 +262,32 @@ prefix)         # smol|synth|MODEL [SECS] [on|off|on,off] [FLAGS]: the shared-sy
       | tail -1)" | tee -a "$OUT/prefix.log"
     kill $ep; wait $ep 2>/dev/null
   done ;;
-depth)          # [DEPTHS]: tg128 of one sequence after N tokens (bench.py decode --npp N): the 8B at DEPTHS,
-                #   SmolLM2 and Gemma 3 at 4096; llama-bench -d N beside when llama.cpp is built
-  depths=${2:-4096,16384,32768}; synth 8b
+depth)          # [DEPTHS] [KV]: tg128 of one sequence after N tokens (bench.py decode --npp N): the 8B at DEPTHS,
+                #   SmolLM2 and Gemma 3 at 4096; llama-bench -d N beside when llama.cpp is built. KV (f16, q8_0): the
+                #   cache's type for both engines (--kv-type, -ctk / -ctv), and the prefill KL of both real models at it
+  depths=${2:-4096,16384,32768} kv=${3:-f16}; synth 8b
   for m in $SYNTH $SMOL $GEMMA; do
     ds=$depths; [ $m = $SYNTH ] || ds=4096
     for d in ${ds//,/ }; do
-      echo "engine $(basename $m) d=$d $(python3 scripts/bench.py decode $m --npl 1 --npp $d --ntg 128 2>&1 | tail -1)" \
-        | tee -a "$OUT/depth.log"
+      echo "engine $(basename $m) d=$d $kv $(python3 scripts/bench.py decode $m --npl 1 --npp $d --ntg 128 \
+        --kv-type $kv 2>&1 | tail -1)" | tee -a "$OUT/depth.log"
     done
-    [ -x $LLAMA/llama-bench ] && $LLAMA/llama-bench -m $m -ngl 99 -fa 1 -p 0 -n 128 -r 3 -d $ds 2>&1 | grep -E "^\|" \
-      | tee -a "$OUT/depth.log"
+    [ -x $LLAMA/llama-bench ] && $LLAMA/llama-bench -m $m -ngl 99 -fa 1 -p 0 -n 128 -r 3 -d $ds -ctk $kv -ctv $kv \
+      2>&1 | grep -E "^\|" | tee -a "$OUT/depth.log"
+  done
+  [ $kv = f16 ] || for key in smol gemma; do m=$SMOL; [ $key = gemma ] && m=$GEMMA
+    echo "fidelity $key $kv $(python3 scripts/fidelity.py --model $m --tokens tests/data/llamacpp/apache.$key.tokens \
+      --ref tests/data/exact/apache.$key.exact.lp16.bin --device cuda --kv-type $kv 2>&1 | tail -1)" | tee -a "$OUT/depth.log"
   done ;;
+ubatch)         # prefill of the 8B (engine bench -p 512 / 4096) at --ubatch 512 and the default, alternated twice;
+                #   llama-bench -p 512,4096 beside when llama.cpp is built
+  synth 8b
+  for r in 1 2; do for u in 512 default; do for p in 512 4096; do
+    python3 -m engine.cli bench $SYNTH -p $p -n 1 -r 3 --device cuda $([ $u = default ] || echo --ubatch $u) 2>&1 \
+      | grep -E "\| pp" | tee -a "$OUT/ubatch.log"
+  done; done; done
+  [ -x $LLAMA/llama-bench ] && $LLAMA/llama-bench -m $SYNTH -ngl 99 -fa 1 -p 512,4096 -n 0 -r 3 2>&1 | grep -E "^\|" \
+    | tee -a "$OUT/ubatch.log" ;;
 capacity)       # [SECS]: the 8B served with the KV memory --parallel 32 --ctx 4096 reserves (32 x 4096 positions),
                 #   --parallel 128: 128 clients each generating 500 tokens (12-token prompts)
   secs=${2:-30}; synth 8b
@@ -310,7 +326,7 @@ tp-serve)
   done ;;
 *)
   echo "usage: $0 wheels | setup | stage CHUNK... | first-token | gpu-tests | models [TREE] | kernels [ARGS] | decode |"
-  echo "       churn [B,..] | depth [D,..] | capacity [SECS] | structured smol|synth [SECS] | prefix smol|synth [SECS] |"
+  echo "       churn [B,..] | depth [D,..] [KV] | ubatch | capacity [SECS] | structured smol|synth [SECS] | prefix smol|synth [SECS] |"
   echo "       http | serve MODEL [SECS] | bench [SECS] | serve-engine MODEL CLIENTS SECS | tp [N] | tp-serve [MODEL] [SECS] [N]"
   exit 2 ;;
 esac
