@@ -72,6 +72,8 @@ class Runtime:
         parallel.validate()
         if parallel.size > 1 and batch_invariant:
             raise ValueError("--batch-invariant runs on one rank only (not with --tensor-parallel)")
+        if kv_f32 and kv_type is not None:
+            raise ValueError(f"--kv-f32 and --kv-type {kv_type} both name the KV cache's type: give one")
         if parallel.size > 1:                      # the model split over ranks (engine/parallel), driven as one
             from .parallel.group import load_parallel
             self.backend, self.model = load_parallel(gguf, parallel, device, exact, kv_f32, cuda)

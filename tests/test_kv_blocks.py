@@ -451,6 +451,11 @@ def test_kv_type_the_backend_does_not_offer(model, monkeypatch):
         Runtime.load(model, device="cpu", n_ctx=64, kv_type="q8_0")
 
 
+def test_kv_f32_and_kv_type_together_is_an_error(model):
+    with pytest.raises(ValueError, match="--kv-f32 and --kv-type q8_0 both name the KV cache's type"):
+        Runtime.load(model, device="cpu", n_ctx=64, kv_type="q8_0", kv_f32=True)
+
+
 def test_q8_0_cache_needs_whole_blocks_of_32():
     from engine.backends.cpu import CPUBackend
     with pytest.raises(ValueError, match="multiple of 32 .this model's is 48."):
