@@ -8,7 +8,8 @@ import os
 import sys
 
 from . import hub
-from .cuda.config import MUL_MAT_PATHS
+from .backends.base import Backend
+from .cuda.config import MUL_MAT_PATHS, PREFILL_UBATCH
 from .gguf import GGUFError, GGUFFile, quoted
 from .kv_blocks import KV_BLOCK_SIZE
 
@@ -376,7 +377,8 @@ def cmd_bench(args) -> int:
     return 0
 
 
-UBATCH_HELP = "tokens of one prefill ubatch (default: 2048 on the GPU, 512 on the CPU)"
+UBATCH_HELP = (f"tokens of one prefill ubatch (default: {PREFILL_UBATCH} on the GPU, {Backend.prefill_ubatch} on "
+               "the CPU)")
 
 
 def _sampling_and_runtime_args(s) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 from ..cuda import build, dispatch, launch
 from ..cuda import sampling as device_sampling
 from ..cuda.build import ATTENTION_HEAD_CHUNKS, DECODE_HEAD_DIMS, PREFILL_HEAD_DIMS, kernel
-from ..cuda.config import CudaConfig, configure
+from ..cuda.config import PREFILL_UBATCH, CudaConfig, configure
 from ..cuda.launch import DecodeKernel, decode_kernel
 from ..cuda.weights import GPUWeight, upload
 from ..gguf import TensorInfo
@@ -83,7 +83,7 @@ DECODE_BLOCKS_PER_SM = 4          # decode attention's blocks: enough for this m
 
 class CUDABackend(Backend):
     name = "cuda"
-    prefill_ubatch = 2048  # each ubatch past 128 columns dequantizes every weight once: fewer, longer ubatches
+    prefill_ubatch = PREFILL_UBATCH
     paged_kv = True
     kv_types = ("f16", "q8_0")
 

@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 MUL_MAT_PATHS = ("mmvf", "cublas", "mmvq", "mmq_f16", "mmq", "dequant")
+PREFILL_UBATCH = 2048     # the CUDA backend's prefill ubatch: each ubatch past 128 columns dequantizes every weight once
 Q4_K_MMVQ_KERNELS = ("mmvq", "pairs", "pieces", "tc")
 
 
