@@ -23,8 +23,9 @@ MAX_ERROR_CHARS = 300
 def add_gpu_flags(s) -> None:
     """--kv-f32, --kv-type, --eager, --mul-mat-path, --decode-activations and --tensor-parallel, the cache and GPU
     settings generate, bench and serve take."""
-    s.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
-    s.add_argument("--kv-type", default=None, choices=("f16", "q8_0"),
+    cache_type = s.add_mutually_exclusive_group()         # each names the cache's type
+    cache_type.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
+    cache_type.add_argument("--kv-type", default=None, choices=("f16", "q8_0"),
                    help="the KV cache in llama.cpp's q8_0 blocks (-ctk/-ctv q8_0: half an f16 cache's memory), or "
                         "in f16 (default: f32 on the CPU, f16 on the GPU)")
     s.add_argument("--eager", action="store_true", help="no CUDA graphs: launch every kernel of every step")
