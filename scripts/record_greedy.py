@@ -2,7 +2,8 @@
 """Record the engine's own greedy-32 tokens for the golden prompts: tests/data/greedy32.<device>.json.
 
     python scripts/record_greedy.py --device cpu
-The regression tests assert these tokens exactly; re-record only for a deliberate, explained change.
+The regression tests assert these tokens exactly; re-record only for a deliberate, explained change
+(scripts/greedy_margin.py OLD NEW: where the records part, and the exact model's logits there).
 """
 import argparse
 import json
