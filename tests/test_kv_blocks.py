@@ -1,8 +1,5 @@
 """The paged KV cache: the block manager, attention through block tables, admission by free blocks, preemption,
 prefix caching across requests."""
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -457,9 +454,10 @@ def test_kv_type_the_backend_does_not_offer(model, monkeypatch):
 def test_kv_f32_and_kv_type_together_is_an_error(model):
     with pytest.raises(ValueError, match="--kv-f32 and --kv-type q8_0 both name the KV cache's type"):
         Runtime.load(model, device="cpu", n_ctx=64, kv_type="q8_0", kv_f32=True)
+    from test_runtime_cpu import run_cli
     for command in ("generate", "bench", "serve"):         # the CLI refuses them before loading anything
-        r = subprocess.run([sys.executable, "-m", "engine.cli", command, model, *(["hi"] if command == "generate" else []),
-                            "--kv-f32", "--kv-type", "q8_0"], capture_output=True, text=True, timeout=60)
+        r = run_cli(command, model, *(["hi"] if command == "generate" else []), "--kv-f32", "--kv-type", "q8_0",
+                    timeout=60)
         assert r.returncode == 2 and "--kv-type: not allowed with argument --kv-f32" in r.stderr, (command, r.stderr)
 
 
