@@ -12,6 +12,7 @@ from .backends.base import Backend
 from .cuda.config import MUL_MAT_PATHS, PREFILL_UBATCH
 from .gguf import GGUFError, GGUFFile, quoted
 from .kv_blocks import KV_BLOCK_SIZE
+from .model.base import KV_TYPE_BYTES
 
 KNOWN_ERRORS: tuple[type[BaseException], ...] = (GGUFError, ValueError, RuntimeError, OSError, KeyError)
 
@@ -25,7 +26,7 @@ def add_gpu_flags(s) -> None:
     settings generate, bench and serve take."""
     cache_type = s.add_mutually_exclusive_group()         # each names the cache's type
     cache_type.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
-    cache_type.add_argument("--kv-type", default=None, choices=("f16", "q8_0"),
+    cache_type.add_argument("--kv-type", default=None, choices=tuple(KV_TYPE_BYTES),
                    help="the KV cache in llama.cpp's q8_0 blocks (-ctk/-ctv q8_0: half an f16 cache's memory), or "
                         "in f16 (default: f32 on the CPU, f16 on the GPU)")
     s.add_argument("--eager", action="store_true", help="no CUDA graphs: launch every kernel of every step")

@@ -109,6 +109,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine.backends.base import Batch
 from engine.bench import _sync
 from engine.cuda.config import CudaConfig
+from engine.model.base import KV_TYPE_BYTES
 from engine.quants import TYPES, GGMLType, random_blocks
 from engine.runtime import Runtime
 from server.core import CoreConfig
@@ -523,7 +524,7 @@ def decode_main(argv):
     ap.add_argument("--churn", action="store_true", help="B requests in flight, replaced as they finish")
     ap.add_argument("--seconds", type=float, default=8, help="--churn's measured time")
     ap.add_argument("--temp", type=float, default=0.8, help="--scheduler's and --churn's sampling temperature")
-    ap.add_argument("--kv-type", default=None, choices=("f16", "q8_0"), help="the KV cache's type")
+    ap.add_argument("--kv-type", default=None, choices=tuple(KV_TYPE_BYTES), help="the KV cache's type")
     args = ap.parse_args(argv)
     npl = [int(v) for v in args.npl.split(",")]
     rt = Runtime.load(args.model, device=args.device, n_seq=max(npl), n_ctx=args.npp + args.ntg + 2,

@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.cuda.config import MUL_MAT_PATHS, CudaConfig  # noqa: E402
 from engine.logprobs import compare, decode_logprobs, read_lp, top_k_logprobs, write_lp  # noqa: E402
+from engine.model.base import KV_TYPE_BYTES  # noqa: E402
 from engine.runtime import Runtime  # noqa: E402
 
 
@@ -39,7 +40,8 @@ def main(argv=None):
     ap.add_argument("--decode", action="store_true", help="one token per step through the decode path")
     ap.add_argument("--decode-activations", default="q8_1", choices=("q8_1", "q16"),
                     help="the CUDA decode path's activations (engine generate's flag)")
-    ap.add_argument("--kv-type", default=None, choices=("f16", "q8_0"), help="the KV cache's type (default: the backend's)")
+    ap.add_argument("--kv-type", default=None, choices=tuple(KV_TYPE_BYTES),
+                    help="the KV cache's type (default: the backend's)")
     ap.add_argument("--mul-mat-path", default=None, choices=MUL_MAT_PATHS,
                     help="every CUDA mul_mat through this path where it can take the shape (engine generate's flag)")
     ap.add_argument("--out", help="write the engine's log-probs here")
