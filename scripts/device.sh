@@ -43,6 +43,9 @@
 #                                         the 8B, after 4096 on SmolLM2 and Gemma 3; llama-bench -d beside when built;
 #                                         KV: the cache's type (f16, q8_0) in both, and the real models' KL at it
 #   bash scripts/device.sh ubatch         the 8B's pp512 / pp4096 at --ubatch 512 and the default; llama-bench beside
+#   bash scripts/device.sh attention [TREE]  decode attention alone at the three models' shapes (bench.py attention
+#                                         --decode 4096,16384,32768 --rows 1,16), twice; alternated with TREE (another
+#                                         checkout, its own kernels) when given: a kernel change before / after
 #   bash scripts/device.sh capacity [SECS]  the 8B in the KV memory of --parallel 32 --ctx 4096, 128 clients of 500
 #                                         tokens each (--parallel 128): errors, preemptions
 #   bash scripts/device.sh tp [N]         (N GPUs) synthetic 8B and 70B: engine bench -p 512 -n 128 at -tp 1 and N,
@@ -279,6 +282,11 @@ depth)          # [DEPTHS] [KV]: tg128 of one sequence after N tokens (bench.py 
     echo "fidelity $key $kv $(python3 scripts/fidelity.py --model $m --tokens tests/data/llamacpp/apache.$key.tokens \
       --ref tests/data/exact/apache.$key.exact.lp16.bin --device cuda --kv-type $kv 2>&1 | tail -1)" | tee -a "$OUT/depth.log"
   done ;;
+attention)      # [TREE]: each tree's own scripts/bench.py (it imports the engine beside it), alternated twice
+  for r in 1 2; do for t in . ${2:-}; do
+    (cd $t && PYTHONPATH=/tmp/site:$PWD python3 scripts/bench.py attention --decode 4096,16384,32768 --rows 1,16 \
+      --reps 10 2>&1 | grep -E "^\| [A-Z]" | sed "s|^|$t |" | tee -a "$OUT/attention.log")
+  done; done ;;
 ubatch)         # prefill of the 8B (engine bench -p 512 / 4096) at --ubatch 512 and the default, alternated twice;
                 #   llama-bench -p 512,4096 beside when llama.cpp is built
   synth 8b

@@ -233,14 +233,15 @@ def test_attention_q8_0_cache(backends, window, kind, d, n_head, n_kv, softcap, 
 
 @pytest.mark.parametrize("layout", ["whole", "paged"])
 @pytest.mark.parametrize("n_ctx, n", [(4096, 24), (20000, 6)])
-def test_decode_attention_batch_invariant(backends, layout, n_ctx, n):
+@pytest.mark.parametrize("n_head, n_kv, d", [(16, 4, 128), (4, 1, 256)])
+def test_decode_attention_batch_invariant(backends, layout, n_ctx, n, n_head, n_kv, d):
     """A decode row's attention is the same, bit for bit, alone and among other rows of other lengths: its chunks of
-    keys follow its own length (up to 4,000 keys: chunks of 128; up to 20,000: up to 64 longer ones), never the
-    batch; and it is the numpy backend's."""
+    keys follow its own length and the model's chunk cap (four blocks a row: about 66 chunks on 132 multiprocessors;
+    one block a row: up to DECODE_MAX_CHUNKS, so 20,000 keys take over 64 chunks), never the batch; and it is the
+    numpy backend's."""
     import cupy as cp
     cpu, gpu, _ = backends
     rng = np.random.default_rng()
-    n_head, n_kv, d = 16, 4, 128
     positions = rng.integers(1, n_ctx, n)
     _, gcache, tables = attention_caches(gpu, rng, n, n_ctx, n_kv, d, layout)
     q = cp.asarray(rng.standard_normal((n, n_head, d)).astype(np.float32))

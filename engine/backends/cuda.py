@@ -58,10 +58,10 @@ def attention_head_chunks(head_dim: int) -> int:
     return next(e for e in ATTENTION_HEAD_CHUNKS if 32 * e >= head_dim)
 
 
-def decode_chunks(max_keys: int) -> int:
-    """attention_decode's chunks for a sequence of max_keys keys at most: its part buffer's chunk stride."""
-    c = build.constants("attention")
-    return min(c["DECODE_MAX_CHUNKS"], -(-max_keys // c["DECODE_CHUNK_KEYS"]))
+def decode_chunks(max_keys: int, chunk_cap: int) -> int:
+    """attention_decode's chunks for a sequence of max_keys keys at most (kernels/attention.cu decode_chunk): its part
+    buffer's chunk stride."""
+    return min(chunk_cap, -(-max_keys // build.constants("attention")["DECODE_CHUNK_KEYS"]))
 
 
 class AttentionCall(NamedTuple):
@@ -93,6 +93,7 @@ class CUDABackend(Backend):
         self.kv_dtype = cp.float32 if kv_f32 else cp.float16
         self.stream = cp.cuda.Stream(non_blocking=False)     # orders with the legacy stream (copies, to_numpy)
         self.n_sm = cp.cuda.Device().attributes["MultiProcessorCount"]
+        self._chunk_caps: dict[tuple[DecodeKernel, int], int] = {}    # _chunk_cap's
         self.graphs = StepGraphs(self) if self.config.graphs else None
         self._device_arrays: dict[int, tuple[np.ndarray, cp.ndarray]] = {}
         self._bound: dict[int, tuple[np.ndarray, cp.ndarray]] = {}
@@ -369,7 +370,8 @@ class CUDABackend(Backend):
         n, n_head, d = q.shape
         dk = self._decode_kernel(n_head, ctx)
         n_kv, blocks = cache.k[layer].shape[2], self._decode_blocks(n_head, ctx, dk)
-        max_chunks = decode_chunks(self._max_keys(ctx))
+        chunk_cap = self._chunk_cap(dk, blocks)
+        max_chunks = decode_chunks(self._max_keys(ctx), chunk_cap)
         n_split = max(1, min(max_chunks, -(-DECODE_BLOCKS_PER_SM * self.n_sm // (n * blocks))))
         out = cp.empty((n, n_head, d), cp.float32)
         part = cp.empty((n, n_head, max_chunks, d + 4), cp.float32)  # per chunk: max, sum, -, -, output[head_dim]
@@ -380,7 +382,7 @@ class CUDABackend(Backend):
             (n, blocks, n_split), (32, build.constants("attention")["DECODE_WARPS"]),
             (q, cache.k[layer], cache.v[layer], out, tabs, positions, *paging, np.int32(n_head), np.int32(n_kv),
              np.int32(d), np.float32(scale), np.int32(window or 0), np.float32(softcap), part, np.int32(max_chunks),
-             self._tickets, qs, ds, rs[0] if rs else none, none if h16 is None else h16,
+             np.int32(chunk_cap), self._tickets, qs, ds, rs[0] if rs else none, none if h16 is None else h16,
              *((k, v) if k is not None else (none, none))),
             shared_mem=dk.smem)
         out = out.reshape(n, n_head * d)
@@ -388,6 +390,16 @@ class CUDABackend(Backend):
         if h16 is not None:
             self.acts.put_f16(out, h16)
         return out
+
+    def _chunk_cap(self, dk: DecodeKernel, blocks: int) -> int:
+        """The most chunks a sequence's keys split into (attention.cu decode_chunk): enough for the blocks of one
+        sequence to fill the GPU once, so that a long sequence is read by every multiprocessor; it depends on the
+        model and the GPU, never on the batch."""
+        if (dk, blocks) not in self._chunk_caps:
+            c = build.constants("attention")
+            per_sm = launch.resident_blocks(kernel("attention", dk.name), 32 * c["DECODE_WARPS"], dk.smem)
+            self._chunk_caps[dk, blocks] = max(1, min(c["DECODE_MAX_CHUNKS"], per_sm * self.n_sm // blocks))
+        return self._chunk_caps[dk, blocks]
 
     @staticmethod
     def _q8_1_planes(rows: int, d: int) -> tuple:

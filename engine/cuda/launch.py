@@ -124,6 +124,20 @@ def gemm_xwt(x, w, out=None):
     return y
 
 
+def resident_blocks(fn, threads: int, smem: int) -> int:
+    """Blocks of kernel fn (threads each, smem bytes of dynamic shared memory) one multiprocessor holds at once: the
+    least of its thread, register (allocated per warp in 256s) and shared-memory limits (each block also takes the
+    driver's reserved shared memory)."""
+    a = _cp().cuda.Device().attributes
+    warps = -(-threads // 32)
+    regs_per_warp = -(-fn.num_regs * 32 // 256) * 256
+    by_regs = a["MaxRegistersPerMultiprocessor"] // regs_per_warp // warps
+    by_smem = a["MaxSharedMemoryPerMultiprocessor"] // (fn.shared_size_bytes + smem +
+                                                        a.get("ReservedSharedMemoryPerBlock", 0))
+    return max(1, min(by_regs, by_smem, a["MaxThreadsPerMultiProcessor"] // threads,
+                      a.get("MaxBlocksPerMultiprocessor", 32)))
+
+
 def with_smem(fn, smem: int):
     """Allow fn smem bytes of dynamic shared memory (above the 48 KB default); returns fn."""
     if fn.max_dynamic_shared_size_bytes < smem:

@@ -22,11 +22,13 @@
 // attention_decode: the same attention for few query tokens (decode), flash-decoding: a block takes one query token
 // and one KV head's GQA group of query heads (at most GMAX of them; a group of more takes several blocks), so each
 // key and value is read once for the group. The keys p-window+1..p split into chunks whose size depends on the
-// sequence's length alone (decode_chunk: DECODE_CHUNK_KEYS, more where the length needs over DECODE_MAX_CHUNKS of
-// them), never on the batch: block z of n_split takes chunks z, z + n_split, .... Within a block DP / 8 lanes hold
-// a key's head_dim (8 values each: Raw8's loads), so a warp takes 32 / (DP / 8) keys at a time, DECODE_KEYS of
-// those loaded together; each key group keeps an online softmax per query head; at the chunk's end the groups merge
-// (shuffles, then the 4 warps through shared memory) into the chunk's state in part. The last block of the (token,
+// sequence's length and the launch's chunk_cap alone, never on the batch (decode_chunk: a multiple of
+// DECODE_CHUNK_KEYS, more of them where the length needs over chunk_cap chunks; chunk_cap <= DECODE_MAX_CHUNKS is
+// the model's, backends/cuda.py CUDABackend._chunk_cap: one sequence's blocks fill the GPU once): block z of n_split
+// takes chunks z, z + n_split, .... Within a block DP / 8 lanes hold a key's head_dim (8 values each: Raw8's
+// loads), so a warp takes 32 / (DP / 8) keys at a time, DECODE_KEYS of those loaded together; each key group keeps
+// an online softmax per query head; at the chunk's end the groups merge (shuffles, then the 4 warps through shared
+// memory) into the chunk's state in part. The last block of the (token,
 // group) to finish (a ticket from counters, reset to 0 for the next launch) merges the chunks' states in chunk
 // order into out, so a token's output does not depend on n_split or on the other rows of the batch. When qs is not
 // null it writes out's q8_1 blocks (qs : [n, n_head * head_dim] int8, ds : [n, n_head * head_dim / 16] float2, as
@@ -37,8 +39,8 @@
 // token's k, v in the cache before reading it (kv_store's work, one launch less).
 //   part : [n, n_head, max_chunks, head_dim + 4] f32, per chunk (max score m, sum l, 2 unused, unnormalized
 //   output[head_dim]);
-//   max_chunks >= the chunks of the longest sequence (decode_chunks); counters : [n * gridDim.y] int32, zero before
-//   the launch (and after it)
+//   max_chunks >= the chunks of the longest sequence (decode_chunks); chunk_cap as above; counters :
+//   [n * gridDim.y] int32, zero before the launch (and after it)
 //   Launch rule: grid (n, n_kv * ceil(G / GMAX), n_split) with G = n_head / n_kv, GMAX the smallest of
 //   build.DECODE_GROUPS >= G (else the largest), DP the smallest of build.DECODE_HEAD_DIMS >= head_dim; n_split
 //   <= max_chunks; block (32, DECODE_WARPS).
@@ -61,8 +63,8 @@
 #define PREFILL_BQ 32            // attention_prefill's queries per block
 #define PREFILL_BK 32            // ... and keys per tile
 #define DECODE_KEYS 8            // keys a lane of attention_decode loads together
-#define DECODE_CHUNK_KEYS 128    // attention_decode's chunk: this many keys, or len / DECODE_MAX_CHUNKS where larger
-#define DECODE_MAX_CHUNKS 64
+#define DECODE_CHUNK_KEYS 128    // attention_decode's chunk: a multiple of this many keys (two decode_mma tiles)
+#define DECODE_MAX_CHUNKS 128    // ... and chunk_cap's bound: chunks a sequence's keys split into
 #define DECODE_MMA_ROWS 16       // attention_decode_mma: query heads a block takes (the mma's 16 rows)
 #define DECODE_MMA_KEYS 64       // ... keys of a tile (16 a warp), two tiles in flight
 #define DECODE_MMA_SMEM_ROWS (DECODE_MMA_ROWS + 4 * DECODE_MMA_KEYS)   // its f16 rows of head_dim + 8 in shared memory
@@ -214,9 +216,11 @@ attention(const float* __restrict__ q, const KV* __restrict__ cache_k, const KV*
     for (int e = 0; e < MAXE; ++e) if (e < per) oh[e * 32 + lane] = acc[e] / l;
 }
 
-// attention_decode's chunk of keys for a sequence of len keys, and how many chunks that makes.
-__device__ __forceinline__ int decode_chunk(int len) {
-    return max(DECODE_CHUNK_KEYS, (len + DECODE_MAX_CHUNKS - 1) / DECODE_MAX_CHUNKS);
+// attention_decode's chunk of keys for a sequence of len keys: at most cap chunks, each a multiple of
+// DECODE_CHUNK_KEYS keys (backends/cuda.py decode_chunks mirrors it).
+__device__ __forceinline__ int decode_chunk(int len, int cap) {
+    const int keys = max(DECODE_CHUNK_KEYS, (len + cap - 1) / cap);
+    return (keys + DECODE_CHUNK_KEYS - 1) / DECODE_CHUNK_KEYS * DECODE_CHUNK_KEYS;
 }
 
 // A decode attention block's share of the work (grid (n, n_kv * parts, n_split), at most `rows` query heads a block):
@@ -224,14 +228,15 @@ __device__ __forceinline__ int decode_chunk(int len) {
 // of `chunk` keys, chunks z, z + n_split, ....
 struct DecodeBlock {
     int tok, z, n_split, kvh, h0, gq, p, lo, chunk, n_chunks;
-    __device__ __forceinline__ DecodeBlock(const int* positions, int n_head, int n_kv, int rows, int window) {
+    __device__ __forceinline__ DecodeBlock(const int* positions, int n_head, int n_kv, int rows, int window,
+                                           int chunk_cap) {
         tok = blockIdx.x; z = blockIdx.z; n_split = gridDim.z;
         const int parts = gridDim.y / n_kv, part_i = blockIdx.y % parts, G = n_head / n_kv;
         kvh = blockIdx.y / parts; h0 = kvh * G + part_i * rows; gq = min(rows, G - part_i * rows);
         p = positions[tok];
         lo = window > 0 ? max(0, p - window + 1) : 0;
         const int len = p - lo + 1;
-        chunk = decode_chunk(len); n_chunks = (len + chunk - 1) / chunk;
+        chunk = decode_chunk(len, chunk_cap); n_chunks = (len + chunk - 1) / chunk;
     }
 };
 
@@ -328,14 +333,15 @@ __device__ __forceinline__ void decode_finish(float* __restrict__ out, const flo
     if (s_ticket != min(n_split, n_chunks) - 1) return;
     __threadfence();
     if (tid == 0) counters[(long long)tok * gridDim.y + blockIdx.y] = 0;
-    // the last block: warp w weighs the chunks of heads w, w + DECODE_WARPS, ... (lane i: chunks i and i + 32) ...
+    // the last block: warp w weighs the chunks of heads w, w + DECODE_WARPS, ... (lane i: chunks i, i + 32, ...) ...
     __shared__ float s_f[GM][DECODE_MAX_CHUNKS], s_sum[GM];
     const int cstride = head_dim + 4, pstride = max_chunks * cstride;
     for (int g = w; g < gq; g += DECODE_WARPS) {
         const float* pp = part + ((long long)tok * n_head + h0 + g) * pstride;
-        float mz[2], mall = NEG_INF;
+        constexpr int PER_LANE = DECODE_MAX_CHUNKS / 32;
+        float mz[PER_LANE], mall = NEG_INF;
 #pragma unroll
-        for (int b = 0; b < 2; ++b) {
+        for (int b = 0; b < PER_LANE; ++b) {
             const int cz = lane + 32 * b;
             mz[b] = cz < n_chunks ? __ldcg(pp + cz * cstride) : NEG_INF;
             mall = fmaxf(mall, mz[b]);
@@ -344,7 +350,7 @@ __device__ __forceinline__ void decode_finish(float* __restrict__ out, const flo
         for (int o = 16; o > 0; o >>= 1) mall = fmaxf(mall, __shfl_xor_sync(0xffffffffu, mall, o));
         float lsum = 0.f;
 #pragma unroll
-        for (int b = 0; b < 2; ++b) {
+        for (int b = 0; b < PER_LANE; ++b) {
             const int cz = lane + 32 * b;
             if (cz < n_chunks) {
                 const float f = expf(mz[b] - mall);
@@ -390,13 +396,13 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32)
 attention_decode(const float* __restrict__ q, KV* cache_k, KV* cache_v, float* __restrict__ out,
                  const int* __restrict__ tabs, const int* __restrict__ positions, const int* __restrict__ tables,
                  int width, int shift, int rows, int n_head, int n_kv, int head_dim, float scale, int window,
-                 float softcap, float* __restrict__ part, int max_chunks, int* __restrict__ counters,
+                 float softcap, float* __restrict__ part, int max_chunks, int chunk_cap, int* __restrict__ counters,
                  signed char* __restrict__ qs, float2* __restrict__ ds, signed char* __restrict__ rs,
                  u16* __restrict__ h16, const float* __restrict__ k_new, const float* __restrict__ v_new) {
     constexpr int LPK = DP / 8, KPW = 32 / LPK, GROUPS = DECODE_WARPS * KPW;   // lanes per key, keys per warp
     __shared__ float s_m[DECODE_WARPS][GMAX], s_l[DECODE_WARPS][GMAX];
     __shared__ float s_acc[DECODE_WARPS][GMAX][DP];
-    const DecodeBlock blk(positions, n_head, n_kv, GMAX, window);
+    const DecodeBlock blk(positions, n_head, n_kv, GMAX, window, chunk_cap);
     if (blk.z >= blk.n_chunks) return;
     const int tok = blk.tok, z = blk.z, n_split = blk.n_split, kvh = blk.kvh, h0 = blk.h0, gq = blk.gq;
     const int p = blk.p, lo = blk.lo, chunk = blk.chunk, n_chunks = blk.n_chunks;
@@ -553,14 +559,15 @@ __global__ void __launch_bounds__(DECODE_WARPS * 32)
 attention_decode_mma(const float* __restrict__ q, u16* cache_k, u16* cache_v, float* __restrict__ out,
                      const int* __restrict__ tabs, const int* __restrict__ positions, const int* __restrict__ tables,
                      int width, int shift, int rows, int n_head, int n_kv, int head_dim, float scale, int window,
-                     float softcap, float* __restrict__ part, int max_chunks, int* __restrict__ counters,
+                     float softcap, float* __restrict__ part, int max_chunks, int chunk_cap,
+                     int* __restrict__ counters,
                      signed char* __restrict__ qs, float2* __restrict__ ds, signed char* __restrict__ rs,
                      u16* __restrict__ h16, const float* __restrict__ k_new, const float* __restrict__ v_new) {
     constexpr int LDS = D + 8, R = DECODE_MMA_ROWS, BK = DECODE_MMA_KEYS, TILE = 2 * BK * LDS;   // TILE: K then V
     extern __shared__ __align__(16) u16 dm_smem[];
     u16* sQ = dm_smem;                          // [R][LDS] the queries, scaled (log2 units), f16
     u16* sKV = sQ + R * LDS;                    // [2 stages][K, V][BK][LDS] tiles
-    const DecodeBlock blk(positions, n_head, n_kv, R, window);
+    const DecodeBlock blk(positions, n_head, n_kv, R, window, chunk_cap);
     if (blk.z >= blk.n_chunks) return;
     const int tok = blk.tok, z = blk.z, n_split = blk.n_split, kvh = blk.kvh, h0 = blk.h0, gq = blk.gq;
     const int p = blk.p, lo = blk.lo, chunk = blk.chunk, n_chunks = blk.n_chunks;
