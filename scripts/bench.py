@@ -9,6 +9,7 @@
     python scripts/bench.py http      MODEL [--clients 1,8,32,64] [--step-ms 10] [--slots 64] [--shared-prefix N]
     python scripts/bench.py prefix-match [--followers 10,100,500,1000] [--prefix 2003]
     python scripts/bench.py burst     MODEL [--clients 32] [--prefix 2000] [--max-batch-tokens 512] [--rounds 4]
+                                      [--host-only]
 
 (`engine bench MODEL` measures one sequence's prefill and decode, llama-bench's pp / tg; scripts/load_test.py a
 running server.) Each subcommand's own description follows.
@@ -83,9 +84,12 @@ when a shared --prefix of tokens has been followed by --followers requests, each
 burst: The shared-prefix burst through the engine core alone (the Scheduler as engine serve runs it, warmed up the
 same way, no HTTP): per round one request of a --prefix-token shared text and a 20-token question, then --clients
 such requests at once. Prints their TTFT (submit to first token) and each step's rows, logit rows and sequences, the
-forward's time and the whole step's (admission, block copies and sampling included).
+forward's time and the whole step's (admission, block copies and sampling included). --host-only: from the second
+round on, the forward returns zero logits without running the model, so that the step's time is the engine core's
+host work alone (admission, prefix matching, block copies, sampling, events).
 
     python scripts/bench.py burst MODEL [--clients 32] [--prefix 2000] [--max-batch-tokens 512] [--rounds 4]
+                                        [--host-only]
 """
 from __future__ import annotations
 
@@ -714,15 +718,23 @@ def burst_main(argv) -> None:
     ap.add_argument("--max-batch-tokens", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--host-only", action="store_true",
+                    help="from the second round, a forward of zero logits: the steps' host work alone")
     args = ap.parse_args(argv)
     rt, sched, submit = burst_scenario(args.model, args.clients, args.prefix, args.max_batch_tokens, args.device)
     first: dict[int, float] = {}
     steps: list[tuple] = []                                # (rows, logit rows, sequences, forward s)
-    forward = rt.forward
+    forward, stub = rt.forward, [False]
+
+    def zero_logits(tokens, positions, seqs, rows, tables=None):
+        xp = np
+        if args.device == "cuda":
+            import cupy as xp
+        return xp.zeros((len(rows), rt.config.n_vocab), xp.float32)
 
     def timed_forward(tokens, positions, seqs, rows, tables=None):
         t0 = time.perf_counter()
-        out = forward(tokens, positions, seqs, rows, tables)
+        out = (zero_logits if stub[0] else forward)(tokens, positions, seqs, rows, tables)
         _sync(rt)
         steps.append((len(tokens), len(rows), len(set(seqs)), time.perf_counter() - t0))
         return out
@@ -732,6 +744,7 @@ def burst_main(argv) -> None:
         submit(rnd, i, max_tokens, lambda e: isinstance(e, TokenEvent) and first.setdefault(i, time.perf_counter()))
 
     for rnd in range(args.rounds):
+        stub[0] = args.host_only and rnd > 0           # round 0 fills the cache with the shared prefix
         request(rnd, -1, 4)
         while sched.step():
             pass
