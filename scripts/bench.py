@@ -2,7 +2,7 @@
 """The benchmarks, one entry point:
 
     python scripts/bench.py mul-mat   [--reps 50] [--types q4_K,q8_0] [--ns 1,9,16] [--compare] [--graph]
-                                      [--paths dequantize,gemm]
+                                      [--paths dequantize,gemm] [--shapes 4096x14336,128256x4096]
     python scripts/bench.py attention [--n 512] [--reps 20] [--decode 4096,16384 --rows 1,32]
     python scripts/bench.py norm      [--d 576,640,2560,4096,8192] [--rows 1,32,512]
     python scripts/bench.py decode    MODEL [--npl 1,8,16,32] [--npp 128] [--ntg 128] [--scheduler | --churn]
@@ -17,7 +17,7 @@ running server.) Each subcommand's own description follows.
 mul-mat: Kernel benchmark at llama.cpp's test-backend-ops shapes: m = 4096, k = 14336, n in {1,2,3,4,5,8,512}.
 
     python scripts/bench.py mul-mat [--reps 50] [--types q4_K,q8_0] [--ns 1,9,16] [--compare] [--graph]
-                                    [--paths dequantize,gemm]
+                                    [--paths dequantize,gemm] [--shapes 4096x14336,128256x4096]
 
 Two times per (type, n, path), medians over reps with CUDA events, weights rotated over copies that together exceed
 the L2 cache:
@@ -29,6 +29,7 @@ TOPS = 2*m*n*k / kernel_us; weight GB/s = weight bytes / kernel_us.
 --compare times every quantized type on each path that can take n (MMVQ up to its column limit, MMQ from 16,
 mmq_f16, dequantize+cuBLAS from 16) at n = 1, ..., 512 (for dispatch.py's tables). --ns replaces the column counts.
 --paths replaces the paths: also `dequantize` and `gemm`, the two halves of dequantize+cuBLAS alone (no call_us).
+--shapes replaces m x k (e.g. a model's output matrix, 128256x4096).
 
 attention: Prefill attention on the GPU at the real models' shapes: one sequence, a ubatch of n tokens from position 0.
 
@@ -262,46 +263,48 @@ def mul_mat_main(argv):
     ap.add_argument("--graph", action="store_true",
                     help="kernel times from a CUDA graph of 20 calls (no host time between launches, which 10 "
                          "back-to-back calls from Python leave where a kernel is shorter than its launch)")
+    ap.add_argument("--shapes", default=f"{M}x{K}", help="m x k of the weights, comma-separated (default: %(default)s)")
     args = ap.parse_args(argv)
     configure(CudaConfig(exact_decode=args.decode_activations == "q16"))
     rng = np.random.default_rng(0)
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, "
           f"copy bandwidth {copy_bandwidth():.0f} GB/s (read + write)")
     rows = []
-    for name in args.types.split(","):
+    for (m, k), name in ((tuple(int(v) for v in s.split("x")), name) for s in args.shapes.split(",")
+                         for name in args.types.split(",")):
         t = TYPE_NAMES[name]
         info = TYPES[t]
-        blocks = random_blocks(t, M * K // info.block_size, rng)
-        w0 = upload(t, (M, K), blocks)
+        blocks = random_blocks(t, m * k // info.block_size, rng)
+        w0 = upload(t, (m, k), blocks)
         copies = max(2, int(np.ceil(200e6 / w0.nbytes)))          # > 2x the 50 MB L2
-        ws = [w0] + [upload(t, (M, K), blocks) for _ in range(copies - 1)]
+        ws = [w0] + [upload(t, (m, k), blocks) for _ in range(copies - 1)]
         ns = [1, 2, 3, 4, 5, 8, 512] + ([16, 32, 64, 128, 256] if t == GGMLType.Q4_K else [])
         if args.compare and info.quantized:
             ns = sorted(set(ns) | {9, 12, 16, 32, 64, 128, 256, 512})
         if args.ns:
             ns = [int(v) for v in args.ns.split(",")]
         for n in sorted(ns):
-            x = cp.asarray(rng.standard_normal((n, K)).astype(np.float32))
+            x = cp.asarray(rng.standard_normal((n, k)).astype(np.float32))
             paths = [choose_path(w0, n)]
             if args.compare and info.quantized:
                 paths = (["mmvq"] if n <= mmvq_launch.mmvq_max_cols(int(t)) else []) + (
                     ["mmq"] if n >= 16 else []) + ["mmq_f16"] + (["dequant"] if n >= 16 else [])
             if args.paths:
                 paths = args.paths.split(",")
-            out = cp.empty((n, M), cp.float32)
+            out = cp.empty((n, m), cp.float32)
             for path in paths:
                 call_us = time_call(lambda i: mul_mat(ws[i % len(ws)], x, path=path), args.reps) \
                     if path not in ("dequantize", "gemm") else float("nan")
                 us = (time_graph if args.graph else time_batched)(kernel_only(path, w0, x, out), ws, args.reps)
-                rows.append((name, n, path, call_us, us, w0.nbytes / (us * 1e-6) / 1e9,
-                             2 * M * n * K / (us * 1e-6) / 1e12))
+                rows.append((f"{m}x{k}", name, n, path, call_us, us, w0.nbytes / (us * 1e-6) / 1e9,
+                             2 * m * n * k / (us * 1e-6) / 1e12))
         del ws, w0
         cp.get_default_memory_pool().free_all_blocks()
-    print(f"\nm = {M}, k = {K}; medians of {args.reps}\n")
-    print("| type | n | path | call us | kernel us | weight GB/s | TOPS |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for name, n, path, call_us, us, gbs, tops in rows:
-        print(f"| {name} | {n} | {path} | {call_us:.1f} | {us:.1f} | {gbs:.0f} | {tops:.1f} |")
+    print(f"\nmedians of {args.reps}\n")
+    print("| m x k | type | n | path | call us | kernel us | weight GB/s | TOPS |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for shape, name, n, path, call_us, us, gbs, tops in rows:
+        print(f"| {shape} | {name} | {n} | {path} | {call_us:.1f} | {us:.1f} | {gbs:.0f} | {tops:.1f} |")
 
 
 # ---- attention -----------------------------------------------------------------------------------------------------

@@ -306,6 +306,33 @@ def test_q4_K_mmvq_tc_every_split():
                 assert not mmvq_launch._tc_scratch[-1][1].any(), (n, splits, "counters")
 
 
+@pytest.mark.parametrize("exact", [False, True], ids=["q8_1", "q16"])
+@pytest.mark.parametrize("rows", [1, 2])
+def test_q6_K_mmvq_spans(rows, exact, monkeypatch):
+    """mmvq_q6_K (one column) with 1 or 2 rows a warp, against numpy: rows of whole 8-block spans and of a short last
+    span, rows whose starts are not 16-byte aligned, a row count not a multiple of the rows a block serves, and three
+    matrices in one launch."""
+    import cupy as cp
+    from engine.cuda import dispatch
+    from engine.cuda import mmvq as mmvq_launch
+    from engine.cuda.config import forced
+    monkeypatch.setattr(mmvq_launch, "Q6_K_ROWS", rows)
+    monkeypatch.setattr(mmvq_launch, "Q6_K_MIN_ROWS", 1)      # small matrices take it too
+    rng = np.random.default_rng()
+    t = GGMLType.Q6_K
+    with forced(exact_decode=exact):
+        for m, k in [(130, 2048), (9, 4352), (67, 14336), (3, 256)]:
+            assert mmvq_launch.mmvq_choice(int(t), 1, 0, m * k, k, exact)[0] == f"mmvq_q6_K<{rows}, {int(exact)}>"
+            x = rng.standard_normal((1, k)).astype(np.float32)
+            xq = mmvq_activations_ref(x, t)
+            (w, ref), (w2, ref2), (w3, ref3) = (random_weight(t, rows_, k, rng) for rows_ in (m, m // 2 + 1, 5))
+            out = cp.full((1, m), cp.nan, cp.float32)
+            y = dispatch.mul_mat(w, cp.asarray(x), path="mmvq", out=out).get()
+            assert np.isfinite(y).all() and nmse(y, xq @ ref.T) <= 1e-8, (m, k, nmse(y, xq @ ref.T))
+            for o, r in zip(dispatch.mul_mats([w, w2, w3], cp.asarray(x)), (ref, ref2, ref3)):
+                assert nmse(o.get(), xq @ r.T) <= 1e-8, (m, k, "three matrices")
+
+
 @pytest.mark.parametrize("t", QTYPES, ids=lambda t: t.name)
 def test_mmvq_multi_and_glu(t):
     """Three matrices in one MMVQ launch (q, k, v: different row counts), and the fused gate/up GLU, against numpy

@@ -113,12 +113,15 @@ def test_residual_plane_at_one_column_only():
             with forced(mmvq_q4_K=kernel):
                 assert not takes_residual(q4k, 1) and takes_residual(q6k, 1)
     assert mmvq_choice(q4k, 1, 0, exact=True)[:2] == ("mmvq_q4_K_pairs<1, 0, 1>", 4)     # 4 rows per group
-    assert mmvq_choice(q6k, 1, 2, exact=True)[0] == "mmvq<14, 1, 2, 1>"
+    out_rows = 128256 * 4096           # an output matrix's launch
+    assert mmvq_choice(q6k, 1, 0, out_rows, 4096, exact=True)[:2] == ("mmvq_q6_K<2, 1>", 2)    # 2 rows per warp
+    assert mmvq_choice(q6k, 1, 2, exact=True)[0] == "mmvq<14, 1, 2, 1>"              # GLU: the generic kernel
 
 
 def test_mmvq_kernel_choice():
     """Q4_K takes mmvq_q4_K_pairs at one column, mmvq at 2-4 and mmvq_pieces at 5-8, mmvq_tc_q4_K at 9-64 and from 3
-    columns for large matrices (2 for long rows); CudaConfig.mmvq_q4_K forces one of them."""
+    columns for large matrices (2 for long rows); CudaConfig.mmvq_q4_K forces one of them. Q6_K takes mmvq_q6_K at
+    one column (without GLU) in launches of 8,192 rows or more, mmvq otherwise."""
     from engine.cuda.mmvq import mmvq_choice
     q4k, q6k = int(GGMLType.Q4_K), int(GGMLType.Q6_K)
     assert [mmvq_choice(q4k, n, 0)[0].split("<")[0] for n in range(1, 9)] == (
@@ -135,7 +138,10 @@ def test_mmvq_kernel_choice():
     assert mmvq_choice(q4k, 2, 0, big, 4096)[0] == mmvq_choice(q4k, 2, 0, 4096 * 4096, 4096)[0] == "mmvq<12, 2, 0, 0>"
     assert mmvq_choice(q4k, 1, 0, big, 14336)[0] == "mmvq_q4_K_pairs<1, 0, 0>"
     assert mmvq_choice(q6k, 8, 0, big)[0] == "mmvq<14, 8, 0, 0>"
-    assert all(mmvq_choice(q6k, n, 0)[0].startswith("mmvq<") for n in range(1, 9))
+    assert all(mmvq_choice(q6k, n, 0)[0].startswith("mmvq<") for n in range(2, 9))
+    assert mmvq_choice(q6k, 1, 0, big, 14336)[0] == "mmvq<14, 1, 0, 0>"          # 4,096 rows
+    assert mmvq_choice(q6k, 1, 0, big, 4096)[:2] == ("mmvq_q6_K<2, 0>", 2)           # 14,336 rows
+    assert mmvq_choice(q6k, 1, 1)[0] == "mmvq<14, 1, 1, 0>"
     assert mmvq_choice(q4k, 8, 1)[:2] == ("mmvq_pieces<12, 8, 1>", 2)       # GLU: half the rows of the group
     assert mmvq_choice(q4k, 20, 0)[0] == "mmvq_tc_q4_K<24, 0>"              # past 16: the next wide kernel
     with forced(mmvq_q4_K="mmvq"):
@@ -307,6 +313,7 @@ def test_batch_invariant_paths():
             assert {choose_path(weight(t, 4096, 4096), n, SM90) for n in (1, 8, 9, 512)} == {"mmvf"}
     assert choose_path(weight(GGMLType.Q4_K, 4096, 14336), 1, SM90) == "mmvq"
     assert mmvq.mmvq_choice(int(GGMLType.Q4_K), 1, 0, 4096 * 14336, 14336)[0].startswith("mmvq_q4_K_pairs")
+    assert mmvq.mmvq_choice(int(GGMLType.Q6_K), 1, 0, 14336 * 4096, 4096)[0].startswith("mmvq_q6_K")
 
 
 def test_batch_invariance_refuses_forced_kernels():

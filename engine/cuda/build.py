@@ -48,7 +48,8 @@ NORM_VALUES = (2, 4, 8, 16)            # rms_norm.cu: the values a thread holds 
 TYPE_ALIASES = {"u16": "unsigned short"}     # common.cuh's typedefs as a demangled symbol spells them
 # kernels whose first template argument is a quantized type
 TYPED_KERNELS = ("mmvq", "mmvq_pieces", "mmq", "mmq_f16", "dequantize_f16", "dequantize_f32")
-Q4_K_KERNELS = ("mmvq_tc_q4_K", "mmvq_q4_K_pairs", "mmq_q4_K")                       # Q4_K's own
+OWN_KERNELS = {"mmvq_tc_q4_K": "T_Q4_K", "mmvq_q4_K_pairs": "T_Q4_K", "mmq_q4_K": "T_Q4_K",   # one type's own
+               "mmvq_q6_K": "T_Q6_K"}
 
 
 class KernelBuildError(RuntimeError):
@@ -79,7 +80,8 @@ def name_expressions(family: str) -> list[str]:
             f"mmvq<{t}, 1, {g}, 1>" for t in qtypes for g in range(3)] + [
             f"mmvq_pieces<12, {n}, {g}>" for n in range(1, 9) for g in range(3)] + [
             f"mmvq_tc_q4_K<{n}, {g}>" for n in (*range(1, 17), *TC_WIDE_NCOLS) for g in range(3)] + [
-            f"mmvq_q4_K_pairs<1, {g}, {e}>" for g in range(3) for e in range(2)]
+            f"mmvq_q4_K_pairs<1, {g}, {e}>" for g in range(3) for e in range(2)] + [
+            f"mmvq_q6_K<{r}, {e}>" for r in (1, 2) for e in range(2)]
     if family == "mmvf":
         return [f"mmvf<{w}, {n}, {v}>" for w, vec in (("float", 4), ("u16", 8)) for n in range(1, 9)
                 for v in (vec, 1)]
@@ -261,7 +263,7 @@ def prepare(qtypes) -> None:
             kernel_name, _, first_arg = g.partition("<")
             if kernel_name in TYPED_KERNELS and first_arg not in typed:
                 continue                             # a quantized type the model does not have
-            if kernel_name in Q4_K_KERNELS and str(QTYPES["T_Q4_K"]) not in typed:
+            if kernel_name in OWN_KERNELS and str(QTYPES[OWN_KERNELS[kernel_name]]) not in typed:
                 continue
             todo.append((family, g))
     if todo:

@@ -31,7 +31,7 @@ def mmvq2_rows(ncols: int, exact: bool = False) -> int:
     return _MMVQ["MMVQ2_ROWS_EXACT"] if exact else _MMVQ["MMVQ2_ROWS_1"] if ncols == 1 else _MMVQ["MMVQ2_ROWS_N"]
 
 
-Q4_K = QTYPES["T_Q4_K"]
+Q4_K, Q6_K = QTYPES["T_Q4_K"], QTYPES["T_Q6_K"]
 PIECES_MIN_COLS = 5             # Q4_K takes mmvq_pieces from this many columns (mmvq is faster below)
 PAIRS_MAX_COLS = 1              # Q4_K takes mmvq_q4_K_pairs at up to this many columns (at 2: a wash, BENCHMARKS.md)
 # Q4_K's mmvq_tc_q4_K: at 9..64 columns, and from TC_MIN_COLS columns where the launch reads at least TC_MIN_WEIGHTS
@@ -101,9 +101,20 @@ def _use_pairs(t: int, n: int) -> bool:
     return _q4_K_own(t) and n <= PAIRS_MAX_COLS and (True if forced is None else forced)
 
 
+def _use_q6_K(t: int, n: int, glu: int, rows: int) -> bool:
+    """mmvq_q6_K: Q6_K at one column without a GLU epilogue, outside batch-invariant mode, in launches of at least
+    Q6_K_MIN_ROWS rows."""
+    return t == Q6_K and n == 1 and not glu and rows >= Q6_K_MIN_ROWS and not current().batch_invariant
+
+
+Q6_K_ROWS = 2           # rows each warp of mmvq_q6_K serves (its NR): 1 was nowhere faster (BENCHMARKS.md)
+Q6_K_MIN_ROWS = 8192    # below it the generic kernel was faster (4,096 x 14,336: 22.0 against 23.6 us, H100)
+
+
 def takes_residual(t: int, n: int) -> bool:
     """Whether an MMVQ mul_mat of type t at n columns runs on 16-bit activations (an EXACT kernel instance, reading
-    the residual plane): CudaConfig.exact_decode, n <= RESIDUAL_MAX_COLS and a kernel that has them (mmvq, pairs)."""
+    the residual plane): CudaConfig.exact_decode, n <= RESIDUAL_MAX_COLS and a kernel that has them (mmvq, pairs,
+    mmvq_q6_K)."""
     return (current().exact_decode and n <= RESIDUAL_MAX_COLS and not _use_tc(t, n) and not _use_pieces(t, n))
 
 
@@ -212,7 +223,7 @@ def _mmvqp_groups(t: int, m: int, k: int) -> int:
 
 
 def _mmvq2_groups(t: int, m: int, k: int) -> int:
-    """Row groups per 128-thread mmvq_q4_K_pairs block: one warp per row group."""
+    """Row groups per 128-thread mmvq_q4_K_pairs or mmvq_q6_K block: one warp per row group."""
     return 4
 
 
@@ -227,6 +238,8 @@ def mmvq_choice(t: int, n: int, glu: int, weights: int = 0, k: int = 0, exact: b
     if _use_pieces(t, n):
         assert not exact
         return f"mmvq_pieces<{t}, {n}, {glu}>", mmvqp_rows(n, glu), _mmvqp_groups, MMVQ_THREADS
+    if _use_q6_K(t, n, glu, weights // k if k else 0):
+        return f"mmvq_q6_K<{Q6_K_ROWS}, {int(exact)}>", Q6_K_ROWS, _mmvq2_groups, MMVQ_THREADS
     if _use_pairs(t, n):
         return (f"mmvq_q4_K_pairs<{n}, {glu}, {int(exact)}>", 1 if glu else mmvq2_rows(n, exact), _mmvq2_groups,
                 MMVQ_THREADS)

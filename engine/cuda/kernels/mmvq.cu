@@ -1,6 +1,7 @@
-// MMVQ: y = x W^T for few activation columns, quantized W read once for all columns. Three kernels:
+// MMVQ: y = x W^T for few activation columns, quantized W read once for all columns. The kernels:
 //   mmvq<T, NCOLS, GLU>      every type, 1..8 columns per launch (more: launches of 8, each reading W again);
-//   mmvq_q4_K_pairs / mmvq_pieces / mmvq_tc_q4_K: Q4_K's, below, each with its measured reason beside it.
+//   mmvq_q4_K_pairs / mmvq_pieces / mmvq_tc_q4_K: Q4_K's, mmvq_q6_K: Q6_K's at one column, below, each with its
+//   measured reason beside it.
 //   w  : [m, k] in T's blocks (row stride row_bytes)
 //   qs : [ncols, k] int8 and ds : [ncols, k/16] float2, from quantize_q8_1
 //   rs : [ncols, k] int8, the residual plane of qs (common.cuh warp_store_q8_1), read by the EXACT instances of mmvq
@@ -419,6 +420,113 @@ mmvq_q4_K_pairs(MMVQ_PARAMS) {
         }
     }
     reduce_store<NR, OUT_ROWS, NCOLS, GLU>(acc, partial, groups, b, m, y);
+}
+
+// ---- MMVQ for Q6_K at one column (mmvq_q6_K): same arguments, matrices and output as mmvq (no GLU). Q6_K's 210-byte
+// blocks are only 2-byte aligned, so mmvq's lanes read them a word (and a halfword) at a time, each lane its own
+// chunk: few bytes in flight per SM and the qh bytes read four times. Here a warp serves NR rows, a "span" of 8
+// blocks of each at a time: the span's bytes are copied whole into the warp's shared memory (cp.async, 16 bytes a
+// lane from the 16-byte boundary at or before the span, so that every copy is aligned; the next span's copies in
+// flight while this one is used), then lane i takes quarter i % 4 of block i / 4 of the span (its half h of the
+// block, and the 16-value half lh of each 32-value chunk of it: ql bytes h * 64 + lh * 16 and + 32, qh bytes
+// 128 + h * 32 + lh * 16, scales h * 8 + lh + {0, 2, 4, 6}) and dots its four 16-value pieces with the activations,
+// those shared by the NR rows. Values are q - 32: one dp4a chain per piece adds -32 x the activations' sum.
+// Launch rule (mmvq.mmvq_launches, Q6_K at one column outside batch-invariant mode): block MMVQ_THREADS threads,
+// one row group of NR rows per warp (groups = 4); grid ceil(m / (4 * NR)) summed over the matrices.
+#define MMVQ6_SPAN 8              // blocks of a row one warp takes at a time: a lane per quarter block
+#define MMVQ6_SLOTS 106           // 16-byte slots of a staged span: 8 x 210 bytes from up to 14 bytes before them
+#define MMVQ6_MIN_BLOCKS 8        // blocks per SM the registers must allow (64 each), and on 16-bit activations
+#define MMVQ6_MIN_BLOCKS_EXACT 6  // (80: 64 spilled)
+#define MMVQ6_NEG32 0xE0E0E0E0    // -32 in each byte
+
+// Start copying span sp of each of the NR rows wr (nb blocks each) into stage (the warp's buffer for it; lane: the
+// caller's lane) as one cp.async group.
+template <int NR>
+__device__ __forceinline__ void mmvq6_stage(uint4 (&stage)[NR][MMVQ6_SLOTS], const u8* const (&wr)[NR], int sp, int nb,
+                                            int lane) {
+    const int nbt = min(MMVQ6_SPAN, nb - sp * MMVQ6_SPAN);
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+        const unsigned long long g = (unsigned long long)(wr[r] + (long long)sp * MMVQ6_SPAN * 210);
+        const uint4* src = (const uint4*)(g & ~15ull);
+        const int slots = ((int)(g & 15) + nbt * 210 + 15) >> 4;
+        const u32 dst = smem_addr(&stage[r][0]);
+        for (int i = lane; i < slots; i += 32) cp_async16_at(dst + 16 * i, src + i);
+    }
+    cp_async_commit();
+}
+
+template <int NR, int EXACT>
+__global__ void __launch_bounds__(MMVQ_THREADS, EXACT ? MMVQ6_MIN_BLOCKS_EXACT : MMVQ6_MIN_BLOCKS)
+mmvq_q6_K(MMVQ_PARAMS) {
+    __shared__ uint4 stage[MMVQ_THREADS / 32][2][NR][MMVQ6_SLOTS];   // each warp's two spans of its NR rows
+    const auto [lane, b, m, row0, w, y] = mmvq_group<NR, 0>(w0, w1, w2, y0, y1, y2, m0, m1, m2, groups);
+    if (row0 >= m) return;
+    const int warp = threadIdx.x / 32, nb = k >> 8, spans = (nb + MMVQ6_SPAN - 1) / MMVQ6_SPAN;
+    const int bl = lane >> 2, h = (lane >> 1) & 1, lh = lane & 1;
+    const u8* wr[NR];
+    mmvq_row_ptrs<NR, NR, 0>(wr, w, w0, w1, row0, m, row_bytes);
+    float acc[NR];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) acc[r] = 0.f;
+    mmvq6_stage<NR>(stage[warp][0], wr, 0, nb, lane);
+    for (int sp = 0; sp < spans; ++sp) {
+        if (sp + 1 < spans) {
+            mmvq6_stage<NR>(stage[warp][(sp + 1) & 1], wr, sp + 1, nb, lane);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncwarp();
+        const int blk = sp * MMVQ6_SPAN + bl;
+        if (blk < nb) {
+            const long long v0 = (long long)blk * 256 + h * 128 + lh * 16;   // piece t's values: v0 + 32 t ..
+            int4 a[4], ra[4];
+            float da[4];
+            int neg[4], rneg[4];                                             // -32 x each piece's activation sum
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                a[t] = *(const int4*)(qs + v0 + 32 * t);
+                da[t] = ds[(v0 >> 4) + 2 * t].x;
+                const int n32[4] = {(int)MMVQ6_NEG32, (int)MMVQ6_NEG32, (int)MMVQ6_NEG32, (int)MMVQ6_NEG32};
+                neg[t] = dp4a4(n32, a[t]);
+                if constexpr (EXACT) {
+                    ra[t] = *(const int4*)(rs + v0 + 32 * t);
+                    rneg[t] = dp4a4(n32, ra[t]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < NR; ++r) {
+                const unsigned long long g = (unsigned long long)(wr[r] + (long long)sp * MMVQ6_SPAN * 210);
+                const u8* sb = (const u8*)&stage[warp][sp & 1][r][0] + (int)(g & 15) + bl * 210;
+                u32 ql0[4], ql1[4], qh[4], sc[2];
+                ld_words_a2<4>(sb + h * 64 + lh * 16, ql0);
+                ld_words_a2<4>(sb + h * 64 + 32 + lh * 16, ql1);
+                ld_words_a2<4>(sb + 128 + h * 32 + lh * 16, qh);
+                ld_words_a2<2>(sb + 192 + h * 8, sc);
+                const float d = ld_f16(sb + 208);
+#pragma unroll
+                for (int t = 0; t < 4; ++t) {
+                    const u32* ql = t & 1 ? ql1 : ql0;
+                    int v[4];
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        v[e] = (int)(((ql[e] >> (4 * (t >> 1))) & 0x0F0F0F0Fu) | (((qh[e] >> (2 * t)) & 0x03030303u) << 4));
+                    float f = (float)dp4a4(v, a[t], neg[t]);
+                    if constexpr (EXACT) f = fmaf((float)dp4a4(v, ra[t], rneg[t]), 1.f / Q8_RESIDUAL, f);
+                    const int j = 2 * t + lh;                                  // the piece's scale among the 8
+                    const float s = (float)(signed char)((sc[j >> 2] >> (8 * (j & 3))) & 0xFF);
+                    acc[r] = fmaf(d * s * da[t], f, acc[r]);
+                }
+            }
+        }
+        __syncwarp();
+    }
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+        const float s = warp_sum(acc[r]);
+        if (lane == 0 && row0 + r < m) y[row0 + r] = s;
+    }
 }
 
 // ---- Tensor-core MMVQ for Q4_K over k ranges (mmvq_tc_q4_K): same arguments, matrices, GLU and output as mmvq,
