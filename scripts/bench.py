@@ -53,8 +53,9 @@ GB/s counts x, r read and s, y written (f32).
 
 decode: Batched decode speed, llama-batched-bench style: B sequences each prefilled with npp random tokens, then ntg decode
 steps of all B at once (greedy, the argmax taken on the device); generated tokens/s = B * ntg / time of the steps.
+--reps N: N such runs per B, their mean ± standard deviation (llama-bench -r N's form).
 
-    python scripts/bench.py decode MODEL [--npl 1,8,16,32] [--npp 128] [--ntg 128] [--device cuda]
+    python scripts/bench.py decode MODEL [--npl 1,8,16,32] [--npp 128] [--ntg 128] [--device cuda] [--reps 3]
     python scripts/bench.py decode MODEL --scheduler [--temp 0.8]
     python scripts/bench.py decode MODEL --churn [--npp 12 --ntg 64 --seconds 8]
 
@@ -532,6 +533,8 @@ def decode_main(argv):
     ap.add_argument("--seconds", type=float, default=8, help="--churn's measured time")
     ap.add_argument("--temp", type=float, default=0.8, help="--scheduler's and --churn's sampling temperature")
     ap.add_argument("--kv-type", default=None, choices=tuple(KV_TYPE_BYTES), help="the KV cache's type")
+    ap.add_argument("--reps", type=int, default=1, help="runs of --ntg steps per B (each after its own prefill): "
+                                                        "their mean and standard deviation, as llama-bench -r")
     args = ap.parse_args(argv)
     npl = [int(v) for v in args.npl.split(",")]
     rt = Runtime.load(args.model, device=args.device, n_seq=max(npl), n_ctx=args.npp + args.ntg + 2,
@@ -549,7 +552,11 @@ def decode_main(argv):
             scheduler_speed(rt, b, args.npp, 4, rng, args.temp)                # kernels and this size's graph
             speed = scheduler_speed(rt, b, args.npp, args.ntg, rng, args.temp)
         else:
-            speed = decode_speed(rt, b, args.npp, args.ntg, rng)
+            runs = [decode_speed(rt, b, args.npp, args.ntg, rng) for _ in range(args.reps)]
+            if len(runs) > 1:
+                print(f"| {b} | {np.mean(runs):.1f} ± {np.std(runs, ddof=1):.1f} |", flush=True)
+                continue
+            speed = runs[0]
         print(f"| {b} | {speed:.1f} |", flush=True)
 
 

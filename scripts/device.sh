@@ -40,7 +40,8 @@
 #   bash scripts/device.sh bench [SECS]   synthetic 8B: engine core batched decode (raw and --scheduler) beside
 #                                         llama-batched-bench; then serve_compare.sh on the 8B and SmolLM2
 #   bash scripts/device.sh depth [D,..] [KV]  tg128 of one sequence after D tokens (default 4096,16384,32768) on
-#                                         the 8B, after 4096 on SmolLM2 and Gemma 3; llama-bench -d beside when built;
+#                                         the 8B, after 4096 on SmolLM2 and Gemma 3, mean ± sd of 3 runs;
+#                                         llama-bench -d -r 3 beside when built;
 #                                         KV: the cache's type (f16, q8_0) in both, and the real models' KL at it
 #   bash scripts/device.sh ubatch         the 8B's pp512 / pp4096 at --ubatch 512 and the default; llama-bench beside
 #   bash scripts/device.sh attention [TREE]  decode attention alone at the three models' shapes (bench.py attention
@@ -265,15 +266,16 @@ prefix)         # smol|synth|MODEL [SECS] [on|off|on,off] [FLAGS]: the shared-sy
       | tail -1)" | tee -a "$OUT/prefix.log"
     kill $ep; wait $ep 2>/dev/null
   done ;;
-depth)          # [DEPTHS] [KV]: tg128 of one sequence after N tokens (bench.py decode --npp N): the 8B at DEPTHS,
-                #   SmolLM2 and Gemma 3 at 4096; llama-bench -d N beside when llama.cpp is built. KV (f16, q8_0): the
-                #   cache's type for both engines (--kv-type, -ctk / -ctv), and the prefill KL of both real models at it
+depth)          # [DEPTHS] [KV]: tg128 of one sequence after N tokens (bench.py decode --npp N --reps 3): the 8B at
+                #   DEPTHS, SmolLM2 and Gemma 3 at 4096; llama-bench -d N beside when llama.cpp is built. KV (f16,
+                #   q8_0): the cache's type for both engines (--kv-type, -ctk / -ctv), and the prefill KL of both real
+                #   models at it
   depths=${2:-4096,16384,32768} kv=${3:-f16}; synth 8b
   for m in $SYNTH $SMOL $GEMMA; do
     ds=$depths; [ $m = $SYNTH ] || ds=4096
     for d in ${ds//,/ }; do
       echo "engine $(basename $m) d=$d $kv $(python3 scripts/bench.py decode $m --npl 1 --npp $d --ntg 128 \
-        --kv-type $kv 2>&1 | tail -1)" | tee -a "$OUT/depth.log"
+        --reps 3 --kv-type $kv 2>&1 | tail -1)" | tee -a "$OUT/depth.log"
     done
     [ -x $LLAMA/llama-bench ] && $LLAMA/llama-bench -m $m -ngl 99 -fa 1 -p 0 -n 128 -r 3 -d $ds -ctk $kv -ctv $kv \
       2>&1 | grep -E "^\|" | tee -a "$OUT/depth.log"
