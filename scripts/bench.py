@@ -547,6 +547,8 @@ def decode_main(argv):
             print(churn_speed(rt, b, args.npp, args.ntg, args.seconds, rng, args.temp), flush=True)
         return
     print(f"| B | {'scheduler' if args.scheduler else 'decode'} t/s |\n| --- | --- |")
+    if args.device == "cuda":
+        warm_gpu()                     # clocks up: loading the model left the GPU idle for seconds
     for b in npl:
         if args.scheduler:
             scheduler_speed(rt, b, args.npp, 4, rng, args.temp)                # kernels and this size's graph
