@@ -34,8 +34,8 @@ def add_gpu_flags(s) -> None:
                    help="every mul_mat through this kernel path where it takes the shape (default: the dispatch chain)")
     s.add_argument("--decode-activations", default="q8_1", choices=("q8_1", "q16"),
                    help="a sequence's decode step multiplies q8_1 activations, as llama.cpp does, or 16-bit ones "
-                        "(q16: q8_1 and a residual plane; KL to the exact model ~0.0002 against ~0.0026, decode "
-                        "3-14 %% slower)")
+                        "(q16: q8_1 and a residual plane; KL to the exact model under 0.00001 against ~0.002-0.003; "
+                        "decode 7-9 %% slower on 1-8B models)")
     s.add_argument("--batch-invariant", action="store_true",
                    help="a sequence's tokens and log-probs independent of the others sharing its steps (slower: "
                         "on the GPU -10 %% at one sequence, up to -61 %% served at 64; BENCHMARKS.md)")
