@@ -53,7 +53,7 @@ GB/s counts x, r read and s, y written (f32).
 
 decode: Batched decode speed, llama-batched-bench style: B sequences each prefilled with npp random tokens, then ntg decode
 steps of all B at once (greedy, the argmax taken on the device); generated tokens/s = B * ntg / time of the steps.
---reps N: N such runs per B, their mean ± standard deviation (llama-bench -r N's form).
+--reps N: N such runs per B (with --scheduler too), their mean ± standard deviation (llama-bench -r N's form).
 
     python scripts/bench.py decode MODEL [--npl 1,8,16,32] [--npp 128] [--ntg 128] [--device cuda] [--reps 3]
     python scripts/bench.py decode MODEL --scheduler [--temp 0.8]
@@ -552,14 +552,11 @@ def decode_main(argv):
     for b in npl:
         if args.scheduler:
             scheduler_speed(rt, b, args.npp, 4, rng, args.temp)                # kernels and this size's graph
-            speed = scheduler_speed(rt, b, args.npp, args.ntg, rng, args.temp)
+            runs = [scheduler_speed(rt, b, args.npp, args.ntg, rng, args.temp) for _ in range(args.reps)]
         else:
             runs = [decode_speed(rt, b, args.npp, args.ntg, rng) for _ in range(args.reps)]
-            if len(runs) > 1:
-                print(f"| {b} | {np.mean(runs):.1f} ± {np.std(runs, ddof=1):.1f} |", flush=True)
-                continue
-            speed = runs[0]
-        print(f"| {b} | {speed:.1f} |", flush=True)
+        spread = f" ± {np.std(runs, ddof=1):.1f}" if len(runs) > 1 else ""
+        print(f"| {b} | {np.mean(runs):.1f}{spread} |", flush=True)
 
 
 # ---- http ----------------------------------------------------------------------------------------------------------
