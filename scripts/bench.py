@@ -528,6 +528,8 @@ def decode_main(argv):
     ap.add_argument("--ntg", type=int, default=128)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    ap.add_argument("--no-programmatic-launch", action="store_true",
+                    help="graphs without programmatic dependent launch (each kernel after the last has finished)")
     ap.add_argument("--scheduler", action="store_true", help="through the Scheduler, sampling on the device")
     ap.add_argument("--churn", action="store_true", help="B requests in flight, replaced as they finish")
     ap.add_argument("--seconds", type=float, default=8, help="--churn's measured time")
@@ -538,7 +540,8 @@ def decode_main(argv):
     args = ap.parse_args(argv)
     npl = [int(v) for v in args.npl.split(",")]
     rt = Runtime.load(args.model, device=args.device, n_seq=max(npl), n_ctx=args.npp + args.ntg + 2,
-                      cuda=CudaConfig(graphs=not args.eager), kv_type=args.kv_type)
+                      cuda=CudaConfig(graphs=not args.eager, programmatic_launch=not args.no_programmatic_launch),
+                      kv_type=args.kv_type)
     rng = np.random.default_rng(0)
     if args.churn:
         print("| B | tokens/s | TTFT p50 ms | TTFT p99 ms | prefill / decode steps | ms per prefill / decode step |\n"

@@ -139,22 +139,38 @@ def batched_decode(rt: Runtime, prompts, steps, batches):
 
 BATCHES = [[0], [0, 1, 2], list(range(12))]     # 12 sequences: MMVQ in column groups (Q4_K: one tensor-core launch)
 
+GRAPH_MODES = [(True, True), (True, False), (False, False)]     # (graphs, programmatic launch)
+
+
+def assert_programmatic_edges(rt, programmatic: bool):
+    """Graphs captured on sm_90+ with programmatic launch on have programmatic edges; none otherwise."""
+    import cupy as cp
+
+    from engine.cuda import pdl
+    graphs = rt.backend.graphs
+    expected = programmatic and pdl.supported(int(cp.cuda.Device().compute_capability))
+    assert (graphs.programmatic_edges > 0) == expected, graphs.programmatic_edges
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ARCHS)
 def test_cuda_graph_decode_equals_eager(tiny, arch, monkeypatch):
-    """Decode steps replayed from CUDA graphs (batch sizes 1, 3 and 12, positions and slots changing every step)
-    give the eager steps' logits exactly: the same kernels on the same inputs."""
+    """Decode steps replayed from CUDA graphs (batch sizes 1, 3 and 12, positions and slots changing every step),
+    with programmatic launch (sm_90+) and without, give the eager steps' logits exactly: the same kernels on the same
+    inputs, each waiting for the one before."""
     rng = np.random.default_rng()
     prompts = [rng.integers(0, N_VOCAB, n).tolist() for n in rng.integers(4, 14, 12)]
     steps = [rng.integers(0, N_VOCAB, 12).tolist() for _ in range(9)]
     results = {}
-    for graphs in (True, False):
-        rt = Runtime.load(tiny[arch], device="cuda", n_ctx=64, n_seq=12, cuda=CudaConfig(graphs=graphs))
-        results[graphs] = batched_decode(rt, prompts, steps, BATCHES)
+    for graphs, programmatic in GRAPH_MODES:
+        rt = Runtime.load(tiny[arch], device="cuda", n_ctx=64, n_seq=12,
+                          cuda=CudaConfig(graphs=graphs, programmatic_launch=programmatic))
+        results[graphs, programmatic] = batched_decode(rt, prompts, steps, BATCHES)
         if graphs:
             assert rt.backend.graphs.replays["decode"] == len(steps) - len(BATCHES) and not rt.backend.graphs.failures
-    np.testing.assert_array_equal(results[True], results[False])
+            assert_programmatic_edges(rt, programmatic)
+    for mode in GRAPH_MODES[1:]:
+        np.testing.assert_array_equal(results[GRAPH_MODES[0]], results[mode])
 
 
 @pytest.mark.gpu
@@ -194,15 +210,17 @@ def test_cuda_graph_prefill_equals_eager(tiny, arch, path, monkeypatch):
     n = max(MIN_PREFILL, 64)
     prompts = [rng.integers(0, N_VOCAB, 2 * n).tolist() for _ in range(4)]
     results = {}
-    for graphs in (True, False):
+    for graphs, programmatic in GRAPH_MODES:
         rt = Runtime.load(tiny[arch], device="cuda", n_ctx=4 * n, n_ubatch=n,
-                          cuda=CudaConfig(mul_mat_path=path, graphs=graphs))
+                          cuda=CudaConfig(mul_mat_path=path, graphs=graphs, programmatic_launch=programmatic))
         out = [rt.prefill(p, start=i * 3) for i, p in enumerate(prompts)]   # two ubatches each: fill, then last
-        results[graphs] = np.concatenate(out)
+        results[graphs, programmatic] = np.concatenate(out)
         if graphs:
             replays = rt.backend.graphs.replays
             assert replays["fill"] == replays["last"] == 2 and not rt.backend.graphs.failures
-    np.testing.assert_array_equal(results[True], results[False])
+            assert_programmatic_edges(rt, programmatic)
+    for mode in GRAPH_MODES[1:]:
+        np.testing.assert_array_equal(results[GRAPH_MODES[0]], results[mode])
 
 
 def mixed_forward(rt: Runtime, prompts, chunk_prompts):

@@ -26,6 +26,9 @@ A capture first runs the step eagerly (compiling and loading kernels; its result
 step. The arrays captures allocate come from one memory pool of the graphs' own, which nothing else uses: replays run
 one at a time on the backend's stream, so the graphs share their scratch memory, and the buffers a graph keeps (its
 logits) stay allocated. CudaConfig(graphs=False) (`--eager`) turns graphs off.
+
+On sm_90 and later a captured graph's edges into the project's kernels become programmatic before it is
+instantiated (cuda/pdl.py): each such kernel is launched while the one before it finishes, and waits for it.
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 import cupy as cp
 import numpy as np
 
+from ..cuda import config, pdl
 from .base import Batch
 from .step_shapes import DECODE_BUCKETS, MAX_PREFILL_GRAPHS, ROW_BUCKETS, bucket, mixed_logit_rows, step_kind
 
@@ -44,7 +48,7 @@ from .step_shapes import DECODE_BUCKETS, MAX_PREFILL_GRAPHS, ROW_BUCKETS, bucket
 class CapturedStep:
     """A captured step and every buffer it reads or writes outside its own pool (held: the graph has their
     addresses)."""
-    graph: object          # cupy.cuda.Graph
+    graph: object          # cupy.cuda.Graph or pdl.ProgrammaticGraph
     inputs: cp.ndarray     # [3, n] int32: tokens, positions, each row's table row (or block: seq_ids)
     tables: cp.ndarray | None   # [rows, width] int32: the block tables (None: whole-context blocks)
     rows: cp.ndarray       # [n_out] int32: the logit rows
@@ -62,6 +66,8 @@ class StepGraphs:
         self.pool: cp.cuda.MemoryPool | None = None                   # every capture's allocations
         self.replays: Counter[str] = Counter()                      # per kind
         self.failures = 0
+        self.programmatic_edges = 0                                  # edges pdl.make_programmatic turned, all graphs
+        self.pdl = pdl.supported(int(cp.cuda.Device().compute_capability))
 
     def run(self, model, batch: Batch, cache):
         """-> logits [n_out, n_vocab] (a graph's buffer, overwritten by its next replay: copy it out first)."""
@@ -155,6 +161,9 @@ class StepGraphs:
                         logits = model.forward(batch, cache)
                     finally:
                         graph = stream.end_capture()
+                    if self.pdl and config.current().programmatic_launch:
+                        graph = pdl.programmatic_graph(graph)
+                        self.programmatic_edges += getattr(graph, "edges", 0)
                     graph.upload(stream)
                 except Exception as e:                                        # this shape runs eagerly from now on
                     if not self.failures:

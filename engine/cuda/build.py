@@ -20,6 +20,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from . import pdl
+
 KERNEL_DIR = Path(__file__).parent / "kernels"
 PREBUILT_DIR = Path(__file__).parent / "prebuilt"
 PREBUILT_ARCHS = ("sm_80", "sm_86", "sm_90")   # sm_89 (Ada) runs sm_86 cubins (prebuilt_arch); no kernel uses FP8
@@ -200,6 +202,7 @@ class _Prebuilt:
         import cupy
         self.module = cupy.RawModule(path=str(PREBUILT_DIR / f"{family}.{arch}.cubin"))
         self.symbols = entry["symbols"]
+        self.arch = arch
 
     def get_function(self, name: str):
         return self.module.get_function(self.symbols[canonical_name(name)])
@@ -244,11 +247,13 @@ def _nvrtc_group(family: str, group: str, announce: bool = True):
 
 @functools.cache
 def kernel(family: str, name: str):
-    """The loaded kernel `name` (a name expression of name_expressions(family))."""
+    """The loaded kernel `name` (a name expression of name_expressions(family)); code built for sm_90 or later is
+    registered as waiting at its start (PDL_WAIT), so captured graphs may launch it programmatically (pdl.py)."""
     pre = _prebuilt(family)
-    if pre is not None:
-        return pre.get_function(name)
-    return _nvrtc_group(family, group_of(name)).get_function(name)
+    fn = pre.get_function(name) if pre is not None else _nvrtc_group(family, group_of(name)).get_function(name)
+    if pdl.supported(int((pre.arch if pre is not None else _arch())[3:])):
+        pdl.register(fn.kernel.ptr)
+    return fn
 
 
 def prepare(qtypes) -> None:

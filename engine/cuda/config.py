@@ -23,8 +23,11 @@ class CudaConfig:
     mmq_splits: int | None = None        # k splits of an MMQ launch (1: none)
     mmq_q4_K: bool = True                # Q4_K's MMQ on its raw blocks (False: the generic mmq<Q4_K>)
     graphs: bool = True                  # decode and repeated prefill steps replayed as CUDA graphs
+    programmatic_launch: bool = True     # in those graphs each kernel launched once all its predecessor's blocks
+                                         # have started, waiting at its start for their results (sm_90+, pdl.py)
     exact_decode: bool = False           # one-column MMVQ (a sequence's decode step) on 16-bit activations: q8_1
-                                         # plus an int8 residual plane (--decode-activations q16; BENCHMARKS.md)
+                                         # plus an int8 residual plane (--decode-activations q16, and auto's choice
+                                         # for small model files: cli.EXACT_DECODE_MAX_FILE_BYTES; BENCHMARKS.md)
     batch_invariant: bool = False        # a row's results independent of the step's other rows (--batch-invariant):
                                          # every quantized mul_mat through the generic mmvq, float ones through
                                          # mmvf (launches of 8 columns, one reduction order for any column count),

@@ -14,6 +14,7 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
 
 extern "C" __global__ void __launch_bounds__(256)
 argmax_rows(const float* __restrict__ x, unsigned long long* __restrict__ best, int m) {
+    PDL_WAIT();
     const float* row = x + (long long)blockIdx.y * m;
     unsigned long long key = 0;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < m; i += gridDim.x * blockDim.x) {

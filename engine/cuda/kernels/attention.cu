@@ -102,6 +102,7 @@ __global__ void kv_store(const float* __restrict__ k, const float* __restrict__ 
                          KV* __restrict__ cache_v, const int* __restrict__ tabs, const int* __restrict__ positions,
                          const int* __restrict__ tables, int width, int shift, int rows,
                          int n, int row) {   // row = n_kv * head_dim
+    PDL_WAIT();
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (long long)n * row) return;
     const int tok = (int)(t / row), e = (int)(t % row);
@@ -114,6 +115,7 @@ __global__ void kv_store_q8_0(const float* __restrict__ k, const float* __restri
                               kvq8_0* __restrict__ cache_v, const int* __restrict__ tabs,
                               const int* __restrict__ positions, const int* __restrict__ tables, int width, int shift,
                               int rows, int n, int row) {   // row = n_kv * head_dim, a multiple of 32
+    PDL_WAIT();
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (long long)n * row) return;                   // whole warps: n * row is a multiple of 32
     const int tok = (int)(t / row), blk = (int)(t % row) >> 5;
@@ -198,6 +200,7 @@ attention(const float* __restrict__ q, const KV* __restrict__ cache_k, const KV*
           float* __restrict__ out, const int* __restrict__ tabs, const int* __restrict__ positions,
           const int* __restrict__ tables, int width, int shift, int rows,
           int n_head, int n_kv, int head_dim, float scale, int window, float softcap) {
+    PDL_WAIT();
     const int tok = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
     const int per = head_dim / 32, kvh = h / (n_head / n_kv);
     const int p = positions[tok];
@@ -399,6 +402,7 @@ attention_decode(const float* __restrict__ q, KV* cache_k, KV* cache_v, float* _
                  float softcap, float* __restrict__ part, int max_chunks, int chunk_cap, int* __restrict__ counters,
                  signed char* __restrict__ qs, float2* __restrict__ ds, signed char* __restrict__ rs,
                  u16* __restrict__ h16, const float* __restrict__ k_new, const float* __restrict__ v_new) {
+    PDL_WAIT();
     constexpr int LPK = DP / 8, KPW = 32 / LPK, GROUPS = DECODE_WARPS * KPW;   // lanes per key, keys per warp
     __shared__ float s_m[DECODE_WARPS][GMAX], s_l[DECODE_WARPS][GMAX];
     __shared__ float s_acc[DECODE_WARPS][GMAX][DP];
@@ -563,6 +567,7 @@ attention_decode_mma(const float* __restrict__ q, u16* cache_k, u16* cache_v, fl
                      int* __restrict__ counters,
                      signed char* __restrict__ qs, float2* __restrict__ ds, signed char* __restrict__ rs,
                      u16* __restrict__ h16, const float* __restrict__ k_new, const float* __restrict__ v_new) {
+    PDL_WAIT();
     constexpr int LDS = D + 8, R = DECODE_MMA_ROWS, BK = DECODE_MMA_KEYS, TILE = 2 * BK * LDS;   // TILE: K then V
     extern __shared__ __align__(16) u16 dm_smem[];
     u16* sQ = dm_smem;                          // [R][LDS] the queries, scaled (log2 units), f16
@@ -678,6 +683,7 @@ attention_prefill(const float* __restrict__ q, const KV* __restrict__ cache_k, c
                   float* __restrict__ out, const int* __restrict__ tabs, const int* __restrict__ positions,
                   const int* __restrict__ tables, int width, int shift, int rows, const int* __restrict__ tiles,
                   int n, int n_head, int n_kv, float scale, int window, float softcap) {
+    PDL_WAIT();
     constexpr int BQ = PREFILL_BQ, BK = PREFILL_BK, DP = D + 1, PP = BK + 1, PER = D / 4;
     extern __shared__ float smem[];
     float* sq = smem;                  // [BQ][DP] queries, scaled

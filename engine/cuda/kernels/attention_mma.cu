@@ -33,6 +33,7 @@ attention_prefill_mma(const float* __restrict__ q, const u16* __restrict__ cache
                       float* __restrict__ out, const int* __restrict__ tabs, const int* __restrict__ positions,
                       const int* __restrict__ tables, int width, int shift, int rows, const int* __restrict__ tiles,
                       int n, int n_head, int n_kv, float scale, int window, float softcap) {
+    PDL_WAIT();
     constexpr int LDS = fa_row_halves(D);
     extern __shared__ __align__(16) u16 fa_smem[];
     u16* sQ = fa_smem;                 // [FA_BQ][LDS] queries, scaled, f16

@@ -25,6 +25,15 @@ typedef unsigned int u32;
 #define T_IQ4_NL 20
 #define T_IQ4_XS 23
 
+// First statement of every kernel: in a CUDA graph whose edges into this kernel are programmatic (engine/cuda/pdl.py)
+// the kernel is launched while its predecessor's last blocks still run, and waits here until that predecessor has
+// finished and its writes are visible; launched any other way, or before sm_90, it does not wait.
+#if __CUDA_ARCH__ >= 900
+#define PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#else
+#define PDL_WAIT() do {} while (0)
+#endif
+
 struct ChunkScale { float d[2]; float m[2]; };
 
 __device__ __forceinline__ float h2f(u16 h) {

@@ -32,6 +32,7 @@ __device__ __forceinline__ void dequantize_chunk(const u8* __restrict__ w, const
 template <int T>
 __global__ void __launch_bounds__(DEQUANT_THREADS) dequantize_f16(const u8* __restrict__ w,
         const int* __restrict__ idx, u16* __restrict__ out, int rows, int k, long long row_bytes) {
+    PDL_WAIT();
     __shared__ uint4 stage[DEQUANT_THREADS / 32][32 * 4];     // per warp: [thread][piece ^ swizzle]
     const long long total = (long long)rows * (k / 32);
     const long long t = (long long)blockIdx.x * DEQUANT_THREADS + threadIdx.x;
@@ -62,6 +63,7 @@ __global__ void __launch_bounds__(DEQUANT_THREADS) dequantize_f16(const u8* __re
 template <int T>
 __global__ void dequantize_f32(const u8* __restrict__ w, const int* __restrict__ idx, float* __restrict__ out,
                                int rows, int k, long long row_bytes) {
+    PDL_WAIT();
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (long long)rows * (k / 32)) return;
     float val[32];

@@ -75,6 +75,7 @@ template <int T>
 __global__ void __launch_bounds__(MMQ_THREADS, 1)
 mmq(const u8* __restrict__ w, const signed char* __restrict__ qs, const float2* __restrict__ ds,
     float* __restrict__ y, int m, int n, int k, long long row_bytes, int split_stages) {
+    PDL_WAIT();
     extern __shared__ __align__(16) u8 smem[];
     u8* sA = smem + SM_A;
     float* sAd = (float*)(smem + SM_AD);
@@ -250,6 +251,7 @@ __device__ __forceinline__ void mmq_q4_K_load_stage(const u8* __restrict__ w, co
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
 mmq_q4_K(const u8* __restrict__ w, const signed char* __restrict__ qs, const float2* __restrict__ ds,
          float* __restrict__ y, int m, int n, int k, long long row_bytes, int split_stages) {
+    PDL_WAIT();
     extern __shared__ __align__(16) u8 mmqk_smem[];  // MMQK_SMEM_BYTES: 2 stages, then the chunk scales
     float2* sS = (float2*)(mmqk_smem + 2 * MMQK_STAGE_BYTES);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -351,6 +353,7 @@ mmq_q4_K(const u8* __restrict__ w, const signed char* __restrict__ qs, const flo
 // y[i] = part[0][i] + part[1][i] + ... (splits partials of n * m outputs each, added in that order)
 extern "C" __global__ void mmq_split_sum(const float* __restrict__ part, float* __restrict__ y, int splits,
                                          long long nm) {
+    PDL_WAIT();
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i >= nm) return;
     float s = part[i];

@@ -134,6 +134,7 @@ template <int T, int BN>
 __global__ void __launch_bounds__(MF_THREADS, 1)
 mmq_f16(const u8* __restrict__ w, const u16* __restrict__ x, float* __restrict__ y, int m, int n, int k,
         long long row_bytes, int split_stages) {
+    PDL_WAIT();
     using U = MfUnit<T>;
     constexpr int NJ = BN / 16;                                // 8-column tiles per warp
     constexpr int S = MfLayout<BN>::stages;
@@ -243,6 +244,7 @@ template <int T, int NB, int S>
 __global__ void __launch_bounds__(MF_THREADS, NB <= MFS_PAIR_NB ? 2 : 1)
 mmq_f16_small(const u8* __restrict__ w, const u16* __restrict__ x, float* __restrict__ y, int m, int n, int k,
               long long row_bytes, int split_stages) {
+    PDL_WAIT();
     using L = MfsStage<T, NB>;
     static_assert(S * L::bytes <= (NB <= MFS_PAIR_NB ? MFS_SMEM_PAIR : MFS_SMEM_ONE), "stages exceed shared memory");
     static_assert(4 * 2 * NB * 4 * 32 * 4 <= S * L::bytes, "the k-warps' sums exceed the stage buffers");

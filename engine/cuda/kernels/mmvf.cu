@@ -48,6 +48,7 @@ template <int VEC> __device__ __forceinline__ void load_x(const float* p, float 
 template <typename W, int NCOLS, int VEC>
 __global__ void __launch_bounds__(MMVF_THREADS) mmvf(const W* __restrict__ w, const float* __restrict__ x,
                                                      float* __restrict__ y, int m, int k) {
+    PDL_WAIT();
     constexpr int R = mmvf_rows(NCOLS);
     __shared__ float partial[MMVF_THREADS / 32][R][NCOLS];
     const int row0 = blockIdx.x * R;

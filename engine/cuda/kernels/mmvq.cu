@@ -178,6 +178,7 @@ __device__ __forceinline__ void dot_chunk(const int (&v)[8], const ChunkScale& s
 template <int T, int NCOLS, int GLU, int EXACT>
 __global__ void __launch_bounds__(MMVQ_THREADS, MMVQ_MIN_BLOCKS)
 mmvq(MMVQ_PARAMS) {
+    PDL_WAIT();
     constexpr int MMVQ_ROWS = GLU ? 2 : mmvq_rows(NCOLS);        // rows dotted per group (GLU: gate and up row)
     constexpr int OUT_ROWS = GLU ? 1 : MMVQ_ROWS;                  // output rows per group
     __shared__ float partial[MMVQ_ROWS][NCOLS][MMVQ_THREADS / 32];
@@ -264,6 +265,7 @@ template <> __device__ __forceinline__ void piece_decode<T_Q4_K>(const PieceRaw<
 template <int T, int NCOLS, int GLU>
 __global__ void __launch_bounds__(MMVQ_THREADS, MMVQ_MIN_BLOCKS)
 mmvq_pieces(MMVQ_PARAMS) {
+    PDL_WAIT();
     constexpr int OUT_ROWS = mmvqp_rows(NCOLS, GLU);              // output rows per group
     constexpr int NR = GLU ? 2 * OUT_ROWS : OUT_ROWS;              // rows dotted per group (GLU: gate rows, up rows)
     __shared__ float partial[NR][NCOLS][MMVQ_THREADS / 32];
@@ -353,6 +355,7 @@ template <int NCOLS, int GLU, int EXACT>
 __global__ void __launch_bounds__(MMVQ_THREADS, EXACT ? MMVQ2_MIN_BLOCKS_EXACT
                                                       : NCOLS == 1 ? MMVQ2_MIN_BLOCKS_1 : MMVQ_MIN_BLOCKS)
 mmvq_q4_K_pairs(MMVQ_PARAMS) {
+    PDL_WAIT();
     constexpr int NR = GLU ? 2 : mmvq2_rows(NCOLS, EXACT);       // rows dotted per group (GLU: gate and up row)
     constexpr int OUT_ROWS = GLU ? 1 : NR;
     __shared__ float partial[NR][NCOLS][MMVQ_THREADS / 32];
@@ -431,13 +434,19 @@ mmvq_q4_K_pairs(MMVQ_PARAMS) {
 // block, and the 16-value half lh of each 32-value chunk of it: ql bytes h * 64 + lh * 16 and + 32, qh bytes
 // 128 + h * 32 + lh * 16, scales h * 8 + lh + {0, 2, 4, 6}) and dots its four 16-value pieces with the activations,
 // those shared by the NR rows. Values are q - 32: one dp4a chain per piece adds -32 x the activations' sum.
-// Launch rule (mmvq.mmvq_launches, Q6_K at one column outside batch-invariant mode): block MMVQ_THREADS threads,
-// one row group of NR rows per warp (groups = 4); grid ceil(m / (4 * NR)) summed over the matrices.
+// Launch rule (mmvq.mmvq_launches, Q6_K at one column outside batch-invariant mode, launches of at least
+// mmvq.Q6_K_MIN_ROWS = 8,192 rows): block MMVQ_THREADS threads, one row group of NR rows per warp (groups = 4); grid
+// ceil(m / (4 * NR)) summed over the matrices.
 #define MMVQ6_SPAN 8              // blocks of a row one warp takes at a time: a lane per quarter block
 #define MMVQ6_SLOTS 106           // 16-byte slots of a staged span: 8 x 210 bytes from up to 14 bytes before them
-#define MMVQ6_MIN_BLOCKS 8        // blocks per SM the registers must allow (64 each), and on 16-bit activations
-#define MMVQ6_MIN_BLOCKS_EXACT 6  // (80: 64 spilled)
+#define MMVQ6_MIN_BLOCKS 8        // blocks per SM the registers must allow (64 registers a thread), and on 16-bit
+#define MMVQ6_MIN_BLOCKS_EXACT 6  // activations (80 registers, no spills; at 8 blocks, 64 registers, it spilled)
 #define MMVQ6_NEG32 0xE0E0E0E0    // -32 in each byte
+
+// The global address of span sp of a row (its first block), which the row's staged copy starts at, rounded down to 16.
+__device__ __forceinline__ unsigned long long mmvq6_span(const u8* row, int sp) {
+    return (unsigned long long)(row + (long long)sp * MMVQ6_SPAN * 210);
+}
 
 // Start copying span sp of each of the NR rows wr (nb blocks each) into stage (the warp's buffer for it; lane: the
 // caller's lane) as one cp.async group.
@@ -447,7 +456,7 @@ __device__ __forceinline__ void mmvq6_stage(uint4 (&stage)[NR][MMVQ6_SLOTS], con
     const int nbt = min(MMVQ6_SPAN, nb - sp * MMVQ6_SPAN);
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
-        const unsigned long long g = (unsigned long long)(wr[r] + (long long)sp * MMVQ6_SPAN * 210);
+        const unsigned long long g = mmvq6_span(wr[r], sp);
         const uint4* src = (const uint4*)(g & ~15ull);
         const int slots = ((int)(g & 15) + nbt * 210 + 15) >> 4;
         const u32 dst = smem_addr(&stage[r][0]);
@@ -459,6 +468,7 @@ __device__ __forceinline__ void mmvq6_stage(uint4 (&stage)[NR][MMVQ6_SLOTS], con
 template <int NR, int EXACT>
 __global__ void __launch_bounds__(MMVQ_THREADS, EXACT ? MMVQ6_MIN_BLOCKS_EXACT : MMVQ6_MIN_BLOCKS)
 mmvq_q6_K(MMVQ_PARAMS) {
+    PDL_WAIT();
     __shared__ uint4 stage[MMVQ_THREADS / 32][2][NR][MMVQ6_SLOTS];   // each warp's two spans of its NR rows
     const auto [lane, b, m, row0, w, y] = mmvq_group<NR, 0>(w0, w1, w2, y0, y1, y2, m0, m1, m2, groups);
     if (row0 >= m) return;
@@ -469,6 +479,7 @@ mmvq_q6_K(MMVQ_PARAMS) {
     float acc[NR];
 #pragma unroll
     for (int r = 0; r < NR; ++r) acc[r] = 0.f;
+    const int n32[4] = {(int)MMVQ6_NEG32, (int)MMVQ6_NEG32, (int)MMVQ6_NEG32, (int)MMVQ6_NEG32};
     mmvq6_stage<NR>(stage[warp][0], wr, 0, nb, lane);
     for (int sp = 0; sp < spans; ++sp) {
         if (sp + 1 < spans) {
@@ -488,7 +499,6 @@ mmvq_q6_K(MMVQ_PARAMS) {
             for (int t = 0; t < 4; ++t) {
                 a[t] = *(const int4*)(qs + v0 + 32 * t);
                 da[t] = ds[(v0 >> 4) + 2 * t].x;
-                const int n32[4] = {(int)MMVQ6_NEG32, (int)MMVQ6_NEG32, (int)MMVQ6_NEG32, (int)MMVQ6_NEG32};
                 neg[t] = dp4a4(n32, a[t]);
                 if constexpr (EXACT) {
                     ra[t] = *(const int4*)(rs + v0 + 32 * t);
@@ -497,8 +507,7 @@ mmvq_q6_K(MMVQ_PARAMS) {
             }
 #pragma unroll
             for (int r = 0; r < NR; ++r) {
-                const unsigned long long g = (unsigned long long)(wr[r] + (long long)sp * MMVQ6_SPAN * 210);
-                const u8* sb = (const u8*)&stage[warp][sp & 1][r][0] + (int)(g & 15) + bl * 210;
+                const u8* sb = (const u8*)&stage[warp][sp & 1][r][0] + (int)(mmvq6_span(wr[r], sp) & 15) + bl * 210;
                 u32 ql0[4], ql1[4], qh[4], sc[2];
                 ld_words_a2<4>(sb + h * 64 + lh * 16, ql0);
                 ld_words_a2<4>(sb + h * 64 + 32 + lh * 16, ql1);
@@ -693,6 +702,7 @@ __device__ __forceinline__ void q4k_tile_dot(const Q4KTileRows& r, const signed 
 template <int NCOLS, int GLU>
 __global__ void __launch_bounds__(mmvqt_warps(NCOLS) * 32, mmvqt_min_blocks(NCOLS))
 mmvq_tc_q4_K(MMVQ_PARAMS, float* __restrict__ part, int* __restrict__ counters, int ncols_arg) {
+    PDL_WAIT();
     constexpr int WARPS = mmvqt_warps(NCOLS);
     const int ncols = NCOLS <= 16 ? NCOLS : ncols_arg;           // the columns present (<= NCOLS)
     constexpr int NB = (NCOLS + 7) / 8, C8 = 8 * NB;              // C8: the B tiles' columns

@@ -10,6 +10,7 @@
 extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, signed char* __restrict__ qs,
                                          float2* __restrict__ ds, signed char* __restrict__ rs, int n,
                                          int n_pad, int k) {
+    PDL_WAIT();
     const int chunks = k / 32;
     const long long chunk = (long long)blockIdx.x * blockDim.y + threadIdx.y;
     if (chunk >= (long long)n_pad * chunks) return;

@@ -18,6 +18,7 @@
 template <int NV>
 __global__ void __launch_bounds__(1024)
 rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y, int d, float eps) {
+    PDL_WAIT();
     const long long row = (long long)blockIdx.x * d;
     float xv[NV], wv[NV];
     float s = 0.f;
@@ -43,6 +44,7 @@ add_rms_norm(const float* __restrict__ x, const float* __restrict__ r, const flo
              const float* __restrict__ w, float* __restrict__ s_out, float* __restrict__ y,
              signed char* __restrict__ qs, float2* __restrict__ ds, signed char* __restrict__ rs,
              u16* __restrict__ h, int d, float eps) {
+    PDL_WAIT();
     const long long row = (long long)blockIdx.x * d;
     float sv[NV], rv[NV], wv[NV], wrv[NV];
 #pragma unroll

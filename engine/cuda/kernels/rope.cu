@@ -12,6 +12,7 @@
 extern "C" __global__ void rope(const float* __restrict__ x, float* __restrict__ y, const int* __restrict__ positions,
                                 int n, int heads, int head_dim, int n_rot, const double* __restrict__ inv_freq,
                                 int neox, float mscale) {
+    PDL_WAIT();
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const int pairs = head_dim / 2, half = n_rot / 2;
     if (t >= (long long)n * pairs) return;
@@ -46,6 +47,7 @@ rope_qk(const float* __restrict__ q, const float* __restrict__ k, float* __restr
         const float* __restrict__ q_norm, const float* __restrict__ k_norm, const double* __restrict__ inv_freq,
         const int* __restrict__ positions, int n_head, int n_kv, int head_dim, int n_rot, int neox, float eps,
         float mscale) {
+    PDL_WAIT();
     const int tok = blockIdx.x, is_k = blockIdx.y >= n_head;
     const int h = is_k ? blockIdx.y - n_head : blockIdx.y, heads = is_k ? n_kv : n_head;
     const long long off = ((long long)tok * heads + h) * head_dim;

@@ -33,6 +33,7 @@
 extern "C" __global__ void __launch_bounds__(256)
 apply_penalties(float* __restrict__ logits, int m, const int* __restrict__ rows, const int* __restrict__ ids,
                 const float* __restrict__ counts, const float* __restrict__ pen, int n_entries) {
+    PDL_WAIT();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_entries) return;
     const int r = rows[i];
@@ -46,6 +47,7 @@ apply_penalties(float* __restrict__ logits, int m, const int* __restrict__ rows,
 extern "C" __global__ void __launch_bounds__(256)
 add_bias(float* __restrict__ logits, int m, const int* __restrict__ rows, const int* __restrict__ ids,
          const float* __restrict__ values, int n_entries) {
+    PDL_WAIT();
     const int e = blockIdx.x * blockDim.x + threadIdx.x;
     if (e < n_entries) logits[(long long)rows[e] * m + ids[e]] += values[e];
 }
@@ -53,6 +55,7 @@ add_bias(float* __restrict__ logits, int m, const int* __restrict__ rows, const 
 extern "C" __global__ void __launch_bounds__(256)
 constrain_rows(float* __restrict__ logits, int m, const int* __restrict__ rows, const u32* __restrict__ masks,
                int words) {
+    PDL_WAIT();
     const int i = blockIdx.x * blockDim.x + threadIdx.x, j = blockIdx.y;
     if (i < m && !((masks[(long long)j * words + (i >> 5)] >> (i & 31)) & 1u))
         logits[(long long)rows[j] * m + i] = __int_as_float(0xff800000);   // -inf (NVRTC has no INFINITY)
@@ -137,6 +140,7 @@ __device__ u32 search_key(const float* __restrict__ x, int m, u32 floor, float b
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_rows(const float* __restrict__ logits, int m, const u32* __restrict__ params, int* __restrict__ out) {
+    PDL_WAIT();
     __shared__ float red[SAMPLE_THREADS / 32][SAMPLE_TRIALS + 1];
     __shared__ unsigned long long best_key[SAMPLE_THREADS / 32];
     const int row = blockIdx.x;
