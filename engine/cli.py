@@ -22,20 +22,25 @@ MAX_ERROR_CHARS = 300
 
 
 def add_gpu_flags(s) -> None:
-    """--kv-f32, --kv-type, --eager, --mul-mat-path, --decode-activations and --tensor-parallel, the cache and GPU
-    settings generate, bench and serve take."""
+    """--kv-f32, --kv-type, --eager, --no-programmatic-launch, --mul-mat-path, --decode-activations and
+    --tensor-parallel, the cache and GPU settings generate, bench and serve take."""
     cache_type = s.add_mutually_exclusive_group()         # each names the cache's type
     cache_type.add_argument("--kv-f32", action="store_true", help="f32 KV cache on the GPU (default f16)")
     cache_type.add_argument("--kv-type", default=None, choices=tuple(KV_TYPE_BYTES),
                    help="the KV cache in llama.cpp's q8_0 blocks (-ctk/-ctv q8_0: half an f16 cache's memory), or "
                         "in f16 (default: f32 on the CPU, f16 on the GPU)")
     s.add_argument("--eager", action="store_true", help="no CUDA graphs: launch every kernel of every step")
+    s.add_argument("--no-programmatic-launch", action="store_true",
+                   help="CUDA graphs without programmatic dependent launch: each kernel launched after the one "
+                        "before has finished (default on sm_90+: launched once all of that one's blocks have started, "
+                        "it waits for its results; small models' decode +16-26 %%, H100)")
     s.add_argument("--mul-mat-path", default=None, choices=MUL_MAT_PATHS,
                    help="every mul_mat through this kernel path where it takes the shape (default: the dispatch chain)")
-    s.add_argument("--decode-activations", default="q8_1", choices=("q8_1", "q16"),
+    s.add_argument("--decode-activations", default="auto", choices=("auto", "q8_1", "q16"),
                    help="a sequence's decode step multiplies q8_1 activations, as llama.cpp does, or 16-bit ones "
                         "(q16: q8_1 and a residual plane; KL to the exact model under 0.00001 against ~0.002-0.003; "
-                        "decode 7-9 %% slower on 1-8B models)")
+                        "decode 5 %% slower on SmolLM2 and Gemma 3, 7-9 %% on 1-8B models, H100); auto: q16 for model "
+                        "files up to 256 MiB, q8_1 above them and with --batch-invariant")
     s.add_argument("--batch-invariant", action="store_true",
                    help="a sequence's tokens and log-probs independent of the others sharing its steps (slower: "
                         "on the GPU -10 %% at one sequence, up to -61 %% served at 64; BENCHMARKS.md)")
@@ -57,11 +62,29 @@ def _parallel(args):
     return cfg
 
 
-def _cuda_config(args):
-    """The CudaConfig the flags ask for (--eager, --mul-mat-path, --decode-activations)."""
+EXACT_DECODE_MAX_FILE_BYTES = 256 << 20   # --decode-activations auto: q16 up to this model file size (SmolLM2,
+                                          # Gemma 3: tg -5 %, still above q8_1 without programmatic launch), q8_1
+                                          # above it (synthetic 1B / 8B: -9 / -7 %, H100, BENCHMARKS.md)
+
+
+def _exact_decode(args, model: str | None) -> bool:
+    """--decode-activations: q16 or q8_1 as asked; auto -> q16 for a small model file unless --batch-invariant."""
+    if args.decode_activations != "auto":
+        return args.decode_activations == "q16"
+    if args.batch_invariant or args.device == "cpu":
+        return False
+    try:
+        return os.path.getsize(hub.resolve_model(model)) <= EXACT_DECODE_MAX_FILE_BYTES
+    except OSError:
+        return False        # the loader names a missing or unreadable file
+
+
+def _cuda_config(args, model: str | None):
+    """The CudaConfig the flags ask for (--eager, --no-programmatic-launch, --mul-mat-path, --decode-activations) for
+    this model."""
     from .cuda.config import CudaConfig
-    return CudaConfig(mul_mat_path=args.mul_mat_path, graphs=not args.eager,
-                      exact_decode=args.decode_activations == "q16")
+    return CudaConfig(mul_mat_path=args.mul_mat_path, graphs=not args.eager, exact_decode=_exact_decode(args, model),
+                      programmatic_launch=not args.no_programmatic_launch)
 
 def _fail(msg: str, code: int = 1) -> int:
     """One line on stderr: control characters escaped, cut to MAX_ERROR_CHARS."""
@@ -166,7 +189,7 @@ def _load_for_sampling(args, model: str | None):
     if args.n < -1:
         raise ValueError("-n must be >= 0, or -1 (until the end of generation or the context)")
     rt = Runtime.load(model, device=args.device, n_ctx=args.ctx, n_ubatch=args.ubatch, kv_f32=args.kv_f32,
-                      kv_type=args.kv_type, cuda=_cuda_config(args), tensor_parallel=_parallel(args),
+                      kv_type=args.kv_type, cuda=_cuda_config(args, model), tensor_parallel=_parallel(args),
                       batch_invariant=args.batch_invariant)
     params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             repeat_penalty=args.repeat_penalty, seed=args.seed)
@@ -301,7 +324,8 @@ def cmd_serve(args) -> int:
     core = CoreConfig(model, device=args.device, n_parallel=args.parallel, n_ctx=args.ctx, n_ubatch=args.ubatch,
                       max_batch_tokens=args.max_batch_tokens, kv_f32=args.kv_f32, prefix_cache=args.prefix_cache,
                       kv_memory=None if args.kv_memory is None else args.kv_memory * 2**30, kv_type=args.kv_type,
-                      cuda=_cuda_config(args), tensor_parallel=_parallel(args), batch_invariant=args.batch_invariant)
+                      cuda=_cuda_config(args, model), tensor_parallel=_parallel(args),
+                      batch_invariant=args.batch_invariant)
     cfg = ServerConfig(core, api_key=_api_key(args), model_id=args.model if args.model in hub.MODELS else None,
                        max_body_bytes=int(args.max_body_mb * (1 << 20)), max_queue=args.max_queue,
                        stall_s=args.core_timeout, cors=args.cors, metrics_key=args.metrics_key)
@@ -371,7 +395,7 @@ def cmd_bench(args) -> int:
 
     n_ctx = max(args.p, args.n) + 16
     rt = Runtime.load(args.model, device=args.device, n_ctx=n_ctx, n_ubatch=args.ubatch, kv_f32=args.kv_f32,
-                      kv_type=args.kv_type, cuda=_cuda_config(args), tensor_parallel=_parallel(args),
+                      kv_type=args.kv_type, cuda=_cuda_config(args, args.model), tensor_parallel=_parallel(args),
                       batch_invariant=args.batch_invariant)
     rows = run_bench(rt, args.p, args.n, args.r)
     tp = f" tp{rt.tensor_parallel}" if rt.tensor_parallel > 1 else ""
