@@ -82,3 +82,90 @@ def test_every_kernel_waits_before_it_touches_memory(tmp_path):
             assert first is None or wait < first, f"{family}: {name} touches memory before it waits:\n{lines[first]}"
             checked += 1
     assert checked > 600
+
+
+class FakeDriver:
+    """The five driver calls make_programmatic uses, over a graph held as Python data: nodes {handle: (type, func)},
+    edges [(src, dst, EdgeData bytes)]; `refuse_programmatic` makes the driver refuse programmatic edges."""
+
+    def __init__(self, nodes, edges, refuse_programmatic=False):
+        self.nodes, self.edges, self.refuse = nodes, list(edges), refuse_programmatic
+
+    def cuGraphGetEdges_v2(self, graph, src, dst, data, n):
+        count = n._obj
+        if src is not None:
+            for i, (a, b, d) in enumerate(self.edges[:count.value]):
+                src[i], dst[i] = a, b
+                ctypes.memmove(ctypes.addressof(data[i]), d, 8)
+        count.value = len(self.edges)
+        return 0
+
+    def cuGraphRemoveDependencies_v2(self, graph, src, dst, data, n):
+        edge = (src[0], dst[0], bytes(data[0]))
+        if edge not in self.edges:
+            return 1                                    # CUDA_ERROR_INVALID_VALUE
+        self.edges.remove(edge)
+        return 0
+
+    def cuGraphAddDependencies_v2(self, graph, src, dst, data, n):
+        if self.refuse and bytes(data[0]) != bytes(pdl.EdgeData()):
+            return 801                                  # CUDA_ERROR_NOT_SUPPORTED
+        self.edges.append((src[0], dst[0], bytes(data[0])))
+        return 0
+
+    def cuGraphNodeGetType(self, node, kind):
+        kind._obj.value = self.nodes[node][0]
+        return 0
+
+    def cuGraphKernelNodeGetParams_v2(self, node, params):
+        params._obj.func = self.nodes[node][1]
+        return 0
+
+
+KERNEL, MEMSET = pdl.NODE_TYPE_KERNEL, 2
+PLAIN, TURNED = bytes(pdl.EdgeData()), bytes(pdl.PROGRAMMATIC)
+
+
+@pytest.fixture
+def fake_graph(monkeypatch):
+    """own kernels (funcs 0x100, 0x101) at nodes 1, 4, 6; a foreign one (CuPy's, cuBLAS's) at 2; a memset at 3."""
+    monkeypatch.setattr(pdl, "_own_kernels", {0x100, 0x101})
+    nodes = {1: (KERNEL, 0x100), 2: (KERNEL, 0x200), 3: (MEMSET, None), 4: (KERNEL, 0x101), 6: (KERNEL, 0x100)}
+    edges = [(1, 2, PLAIN), (2, 4, PLAIN), (4, 3, PLAIN), (3, 6, PLAIN), (1, 4, PLAIN), (4, 6, PLAIN)]
+
+    def make(**kw):
+        driver = FakeDriver(nodes, edges, **kw)
+        monkeypatch.setattr(pdl, "_driver", lambda: driver)
+        return driver
+    return make
+
+
+def test_only_kernel_edges_into_own_kernels_turn(fake_graph):
+    driver = fake_graph()
+    assert pdl.make_programmatic(1234) == 3
+    assert sorted(driver.edges) == sorted([(1, 2, PLAIN), (2, 4, TURNED), (4, 3, PLAIN), (3, 6, PLAIN),
+                                           (1, 4, TURNED), (4, 6, TURNED)])
+
+
+def test_a_refused_edge_is_put_back_and_the_rest_left_as_captured(fake_graph):
+    driver = fake_graph(refuse_programmatic=True)
+    before = sorted(driver.edges)
+    assert pdl.make_programmatic(1234) == 0
+    assert sorted(driver.edges) == before
+
+
+def test_edges_already_annotated_are_left_alone(fake_graph):
+    driver = fake_graph()
+    driver.edges = [(2, 4, TURNED), (1, 4, PLAIN)]
+    assert pdl.make_programmatic(1234) == 1
+    assert sorted(driver.edges) == [(1, 4, TURNED), (2, 4, TURNED)]
+
+
+def test_a_driver_error_is_raised():
+    class Broken:
+        def cuGraphGetEdges_v2(self, *args):
+            return 999
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pdl, "_driver", lambda: Broken())
+        with pytest.raises(RuntimeError, match="cuGraphGetEdges failed"):
+            pdl.make_programmatic(1)
