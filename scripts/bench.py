@@ -88,10 +88,11 @@ same way, no HTTP): per round one request of a --prefix-token shared text and a 
 such requests at once. Prints their TTFT (submit to first token) and each step's rows, logit rows and sequences, the
 forward's time and the whole step's (admission, block copies and sampling included). --host-only: from the second
 round on, the forward returns zero logits without running the model, so that the step's time is the engine core's
-host work alone (admission, prefix matching, block copies, sampling, events).
+host work alone (admission, prefix matching, block copies, sampling, events). --profile-steps N: every step under
+cProfile; at the end, the N steps with the most time outside their forward, their functions by own time.
 
     python scripts/bench.py burst MODEL [--clients 32] [--prefix 2000] [--max-batch-tokens 512] [--rounds 4]
-                                        [--host-only]
+                                        [--host-only] [--profile-steps 2]
 """
 from __future__ import annotations
 
@@ -99,9 +100,11 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 import argparse
+import cProfile
 import dataclasses
 import multiprocessing
 import os
+import pstats
 import subprocess
 import sys
 import time
@@ -732,6 +735,8 @@ def burst_main(argv) -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--host-only", action="store_true",
                     help="from the second round, a forward of zero logits: the steps' host work alone")
+    ap.add_argument("--profile-steps", type=int, default=0, metavar="N",
+                    help="profile every step; print the N with the most time outside their forward")
     args = ap.parse_args(argv)
     rt, sched, submit = burst_scenario(args.model, args.clients, args.prefix, args.max_batch_tokens, args.device)
     first: dict[int, float] = {}
@@ -755,6 +760,10 @@ def burst_main(argv) -> None:
     def request(rnd, i, max_tokens):
         submit(rnd, i, max_tokens, lambda e: isinstance(e, TokenEvent) and first.setdefault(i, time.perf_counter()))
 
+    profiled: list[tuple[float, float, object]] = []       # (step s, forward s, cProfile.Profile) of every step
+    if args.profile_steps:
+        sched.step = profiled_steps(sched.step, steps, profiled)
+
     for rnd in range(args.rounds):
         stub[0] = args.host_only and rnd > 0           # round 0 fills the cache with the shared prefix
         request(rnd, -1, 4)
@@ -777,6 +786,24 @@ def burst_main(argv) -> None:
         print("  steps until every first token (rows, logit rows, sequences, forward ms, step ms): " + ", ".join(
             f"({a}, {b}, {c}, {d * 1000:.1f}, {e * 1000:.1f})" for (a, b, c, d), (start, e) in zip(steps, step_s)
             if start < max(first.values())), flush=True)
+    for step_s_, forward_s, prof in sorted(profiled, key=lambda p: p[1] - p[0])[:args.profile_steps]:
+        print(f"== a step of {step_s_ * 1000:.1f} ms, {forward_s * 1000:.1f} in its forward", flush=True)
+        pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(12)
+
+
+def profiled_steps(step, forwards: list, out: list):
+    """step (a Scheduler's) run under cProfile each call, appending (seconds, its forward's seconds, the profile) to
+    out; forwards: the timed forwards' records (rows, logit rows, sequences, seconds), one appended per forward."""
+    def run():
+        prof, n_before, t0 = cProfile.Profile(), len(forwards), time.perf_counter()
+        prof.enable()
+        try:
+            return step()
+        finally:
+            prof.disable()
+            forward_s = forwards[-1][3] if len(forwards) > n_before else 0.0
+            out.append((time.perf_counter() - t0, forward_s, prof))
+    return run
 
 
 COMMANDS = {"mul-mat": mul_mat_main, "attention": attention_main, "norm": norm_main, "decode": decode_main,
