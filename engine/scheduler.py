@@ -100,7 +100,7 @@ def same_prompt(a: list[int], b: list[int]) -> bool:
     return len(a) == len(b) and (not a or a[-1] == b[-1]) and a == b
 
 
-@dataclass
+@dataclass(eq=False)                   # one sequence is itself only: list membership and removal by identity
 class _Seq:
     id: int
     req: Request
