@@ -297,6 +297,8 @@ def mul_mat_main(argv):
                 paths = args.paths.split(",")
             out = cp.empty((n, m), cp.float32)
             for path in paths:
+                if path == "mmvq" and n > mmvq_launch.mmvq_max_cols(int(t)):
+                    continue                              # more columns than MMVQ takes for this type
                 call_us = time_call(lambda i: mul_mat(ws[i % len(ws)], x, path=path), args.reps) \
                     if path not in ("dequantize", "gemm") else float("nan")
                 us = (time_graph if args.graph else time_batched)(kernel_only(path, w0, x, out), ws, args.reps)
