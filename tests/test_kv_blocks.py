@@ -190,6 +190,29 @@ def test_copy_prefix_copies_every_layer_and_only_the_prefix(kv_type):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_copy_prefix_on_the_gpu_as_memory_copies(kv_type, per_layer, monkeypatch):
+    """The GPU cache's copy_prefix (cudaMemcpy2DAsync over the layers, or a copy per layer where the layers lie
+    further apart than a 2D copy's pitch) moves a block's first n positions in every layer and nothing else."""
+    import cupy as cp
+    from engine.backends import cuda as cuda_backend
+    if per_layer:
+        monkeypatch.setattr(cuda_backend, "_max_pitch", lambda device: 0)
+    cache = cuda_backend.CUDABackend().kv_cache(5, 6, 16, 2, 64, kv_type=kv_type)
+    rng = np.random.default_rng()
+    for a in (cache.k_layers, cache.v_layers):
+        a[...] = cp.asarray(rng.integers(0, 256, a.shape), a.dtype) if a.dtype == cp.uint8 else \
+            cp.asarray(rng.standard_normal(a.shape), a.dtype)
+    before = [a.get() for a in (cache.k_layers, cache.v_layers)]
+    cache.copy_prefix(4, 1, 9)
+    for a, old in zip((cache.k_layers, cache.v_layers), before):
+        want = old.copy()
+        want[:, 1, :9] = old[:, 4, :9]
+        assert np.array_equal(a.get(), want)
+
+
+@pytest.mark.gpu
 def test_copy_prefix_on_the_gpu_across_a_cache_of_over_4_gib():
     """The GPU's cache at the synthetic 8B's serving size (32 layers of 4,609 blocks: 4.8 GB for the keys), so a
     copy across layers spans offsets past 2**31 bytes: every layer's block gets the prefix, nothing else moves."""

@@ -8,6 +8,7 @@ one stream of the backend; decode steps and repeated prefill ubatches are replay
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import cupy as cp
@@ -79,6 +80,35 @@ KV_KERNEL_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float16): "u16",  
 ATTENTION_TICKETS = 128 * 128     # attention_decode's counters: rows x blocks per row of a launch (a mixed step's 128)
 INVARIANT_ROWS = 128              # rows per attention_decode launch in batch-invariant mode (its part buffer's size)
 DECODE_BLOCKS_PER_SM = 4          # decode attention's blocks: enough for this many per SM, where the keys allow
+
+
+class GPUKVCache(KVCache):
+    """The KV cache on the GPU: copy_prefix is one cudaMemcpy2DAsync per array (a row of n positions per layer), no
+    kernel, so no compile under the first request that shares a prefix (CuPy's strided copy built one: a 212 ms step
+    in the first burst on the H100, BENCHMARKS.md)."""
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        stream = cp.cuda.get_current_stream().ptr
+        for a in (self.k_layers, self.v_layers):          # [n_layer, n_blocks, block_size, n_head_kv, row_elems]
+            layer_pitch, block_pitch, width = a.strides[0], a.strides[1], n * a.strides[2]
+            src_ptr, dst_ptr = a.data.ptr + src * block_pitch, a.data.ptr + dst * block_pitch
+            if layer_pitch <= _max_pitch(cp.cuda.Device().id):
+                cp.cuda.runtime.memcpy2DAsync(dst_ptr, layer_pitch, src_ptr, layer_pitch, width, a.shape[0], _D2D,
+                                              stream)
+                continue
+            for layer in range(a.shape[0]):               # layers further apart than a 2D copy's pitch: one copy each
+                off = layer * layer_pitch
+                cp.cuda.runtime.memcpyAsync(dst_ptr + off, src_ptr + off, width, _D2D, stream)
+
+
+_D2D = cp.cuda.runtime.memcpyDeviceToDevice
+_MAX_PITCH_ATTRIBUTE = 11                  # cudaDevAttrMaxPitch
+
+
+@functools.cache
+def _max_pitch(device: int) -> int:
+    """The largest pitch (bytes) cudaMemcpy2D takes on the device."""
+    return cp.cuda.runtime.deviceGetAttribute(_MAX_PITCH_ATTRIBUTE, device)
 
 
 class CUDABackend(Backend):
@@ -246,11 +276,11 @@ class CUDABackend(Backend):
     def kv_cache(self, n_layer, n_blocks, block_size, n_head_kv, head_dim, kv_type=None):
         if kv_type == "q8_0":                    # each head row: head_dim / 32 q8_0 blocks, as bytes
             check_q8_0_head_dim(head_dim)
-            cache = KVCache(cp, n_layer, n_blocks + 1, block_size, n_head_kv, head_dim, cp.uint8,
-                            Q8_0.row_bytes(head_dim))
+            cache = GPUKVCache(cp, n_layer, n_blocks + 1, block_size, n_head_kv, head_dim, cp.uint8,
+                               Q8_0.row_bytes(head_dim))
         else:
-            cache = KVCache(cp, n_layer, n_blocks + 1, block_size, n_head_kv, head_dim,
-                            cp.float16 if kv_type == "f16" else self.kv_dtype)
+            cache = GPUKVCache(cp, n_layer, n_blocks + 1, block_size, n_head_kv, head_dim,
+                               cp.float16 if kv_type == "f16" else self.kv_dtype)
         cache.pad_slot = n_blocks                # graph replays pad their batch with rows writing this spare block
         cache.whole_tables = cp.arange(n_blocks + 1, dtype=cp.int32)   # [n_blocks + 1]: block i is row i's table
         return cache
