@@ -19,6 +19,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 from . import pdl
 
@@ -40,6 +41,9 @@ NVCC_OPTIONS = ("-ftz=true",)          # CuPy's NVRTC compiles with -ftz=true: t
 PREFILL_HEAD_DIMS = (64, 128, 256)     # attention_prefill (attention.cu), attention_prefill_mma instantiations
 MMQ_F16_BN = (64, 128)                 # mmq_f16.cu's column tiles (mmq_f16.py takes it from here)
 MMQ_F16_SMALL_NB = (1, 2, 4, 8)        # mmq_f16.cu's mmq_f16_small: its 8-column B tiles (up to 64 columns)
+# ... the types it runs two blocks an SM up to MFS_PAIR_NB_LIGHT tiles: their unpacking and 4 tiles' sums fit 128
+# registers (ptxas at 4 tiles, one block: 124-128; the other types 133-184)
+MMQ_F16_SMALL_LIGHT = ("T_Q4_0", "T_Q4_K", "T_IQ4_NL", "T_IQ4_XS")
 TC_WIDE_NCOLS = (24, 32, 40, 48, 56, 64)   # mmvq.cu's mmvq_tc_q4_K past 16 columns (launch.py takes it from here)
 ATTENTION_HEAD_CHUNKS = (2, 4, 8)      # attention.cu's attention: head_dim / 32 up to this many
 DECODE_HEAD_DIMS = (64, 128, 256)      # attention.cu's attention_decode: head_dim padded to one of these
@@ -91,7 +95,7 @@ def name_expressions(family: str) -> list[str]:
         return [f"mmq<{t}>" for t in qtypes] + ["mmq_q4_K", "mmq_split_sum"]
     if family == "mmq_f16":
         return [f"mmq_f16<{t}, {bn}>" for t in qtypes for bn in MMQ_F16_BN] + [
-            f"mmq_f16_small<{t}, {nb}, {mmq_f16_small_stages(t, nb)[0]}>" for t in qtypes for nb in MMQ_F16_SMALL_NB]
+            mmq_f16_small_name(t, nb) for t in qtypes for nb in MMQ_F16_SMALL_NB]
     if family == "argmax":
         return ["argmax_rows"]
     if family == "sampling":
@@ -113,16 +117,33 @@ def name_expressions(family: str) -> list[str]:
     raise KeyError(family)
 
 
+class SmallPlan(NamedTuple):
+    """How mmq_f16.cu's mmq_f16_small runs for a type and a count of B tiles."""
+    stages: int          # stage buffers
+    stage_bytes: int     # bytes per stage (its MfsStage)
+    per_sm: int          # blocks per SM it is built for (1 or 2)
+
+
 @functools.cache
-def mmq_f16_small_stages(t: int, nb: int) -> tuple[int, int]:
-    """(stage buffers, bytes per stage) of mmq_f16.cu's mmq_f16_small for type t and nb B tiles (its MfsStage): as
-    many stages as the shared memory of one block per SM holds (two at nb <= MFS_PAIR_NB), MFS_STAGES_MAX at most."""
+def mmq_f16_small_plan(t: int, nb: int) -> SmallPlan:
+    """mmq_f16_small's plan for type t and nb B tiles: two blocks an SM up to MFS_PAIR_NB tiles, and up to
+    MFS_PAIR_NB_LIGHT for MMQ_F16_SMALL_LIGHT's types where MFS_PAIR_MIN_STAGES stages fit; as many stages as the
+    shared memory of a block holds, MFS_STAGES_MAX at most."""
     f = constants("mmq_f16")
     qk, nbytes = QTRAITS[t]
     unit = nbytes * max(qk, f["MFS_KT"]) // qk                    # MfUnit<T, MFS_KT>::bytes
     stage = f["MF_BM"] * ((unit + 30) // 16 * 16) + 8 * nb * f["MFS_XCOL"]   # MfsStage<T, NB>::bytes
-    cap = f["MFS_SMEM_PAIR"] if nb <= f["MFS_PAIR_NB"] else f["MFS_SMEM_ONE"]
-    return min(f["MFS_STAGES_MAX"], cap // stage), stage
+    light = t in {QTYPES[name] for name in MMQ_F16_SMALL_LIGHT}
+    paired = nb <= f["MFS_PAIR_NB"] or (
+        light and nb <= f["MFS_PAIR_NB_LIGHT"] and f["MFS_PAIR_MIN_STAGES"] * stage <= f["MFS_SMEM_PAIR"])
+    cap = f["MFS_SMEM_PAIR"] if paired else f["MFS_SMEM_ONE"]
+    return SmallPlan(min(f["MFS_STAGES_MAX"], cap // stage), stage, 2 if paired else 1)
+
+
+def mmq_f16_small_name(t: int, nb: int) -> str:
+    """The name expression of mmq_f16_small for type t and nb B tiles (its plan's stages and blocks per SM)."""
+    plan = mmq_f16_small_plan(t, nb)
+    return f"mmq_f16_small<{t}, {nb}, {plan.stages}, {plan.per_sm}>"
 
 
 def canonical_name(name: str) -> str:

@@ -4,7 +4,7 @@ least SMALL_MIN_WEIGHTS weights mmq_f16_small unpacks them in registers; else mm
 memory."""
 from __future__ import annotations
 
-from .build import MMQ_F16_BN, MMQ_F16_SMALL_NB, constants, kernel, mmq_f16_small_stages
+from .build import MMQ_F16_BN, MMQ_F16_SMALL_NB, constants, kernel, mmq_f16_small_name, mmq_f16_small_plan
 from . import launch
 from .mmq import mmq_splits, split_launch
 from .weights import GPUWeight
@@ -41,8 +41,8 @@ def small_tiles(n: int) -> int:
 
 def small_smem_bytes(t: int, nb: int) -> int:
     """mmq_f16_small's dynamic shared memory for type t and nb B tiles: its stage buffers."""
-    stages, stage = mmq_f16_small_stages(t, nb)
-    return stages * stage
+    plan = mmq_f16_small_plan(t, nb)
+    return plan.stages * plan.stage_bytes
 
 
 def should_use_mmq_f16(w: GPUWeight, n: int, table: dict) -> bool:
@@ -58,11 +58,10 @@ def mmq_f16(w: GPUWeight, x16, out=None):
     y = out if out is not None else cp.empty((n, w.m), cp.float32)
     if takes_small(w, n):
         nb = small_tiles(n)
-        stages, _ = mmq_f16_small_stages(t, nb)
-        per_sm = 2 if nb <= _MF["MFS_PAIR_NB"] else 1
+        per_sm = mmq_f16_small_plan(t, nb).per_sm
         splits, per = mmq_splits(w.m, n, w.k, launch._sm_count() * per_sm, (MF_BM, 8 * nb, MFS_KT))
         grid = ((w.m + MF_BM - 1) // MF_BM, (n + 8 * nb - 1) // (8 * nb), splits)
-        split_launch(kernel("mmq_f16", f"mmq_f16_small<{t}, {nb}, {stages}>"), small_smem_bytes(t, nb), grid, w, x16,
+        split_launch(kernel("mmq_f16", mmq_f16_small_name(t, nb)), small_smem_bytes(t, nb), grid, w, x16,
                      None, n, y, per)
         return y
     bn = column_tile(n)

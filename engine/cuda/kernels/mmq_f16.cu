@@ -213,26 +213,27 @@ mmq_f16(const u8* __restrict__ w, const u16* __restrict__ x, float* __restrict__
 // ---- mmq_f16_small: the same product for up to 8 * NB <= 64 columns, the weights unpacked in registers straight into
 // the mma's A fragments (no f16 tile in shared memory, no barrier between unpacking and multiplying).
 // A stage is MFS_KT = 256 k-values (one K-quant block, eight of the others): each row's raw unit and the NB B tiles'
-// activations ([8 NB columns][8 chunks][MFS_XCHUNK bytes], columns MFS_XCOL bytes apart), S stage buffers in flight
-// (cp.async). Warp w takes rows 32 (w & 3) .. + 31 of the block's MF_BM (two 16-row tiles) and chunks 4 (w >> 2) ..
-// + 3 of each stage (its "k-warp"); lane (g, t) unpacks chunk c = 4 (w >> 2) + t of rows g and g + 8 of each tile
-// (unpack<T>, 32 values) and gives its values 4s .. 4s + 3 to k-step s = 0..7 as the fragment's k positions 2t, 2t + 1
-// (values 4s, 4s + 1) and 2t + 8, 2t + 9 (4s + 2, 4s + 3): the warp's k order is permuted inside its steps, and the
-// activations alike, which lane (g, t) reads as values 4s .. 4s + 3 of chunk c of column 8 nb + g (one 16-byte load
-// for steps s and s + 1). Weights are made as in mmq_f16 (code_pair_f16, then one f16 fma with the chunk's d and m
-// rounded to f16).
+// activations ([8 NB columns][32 slots of 16 bytes], slot s holding values 8s .. 8s + 7 at mfs_slot(column, s): no
+// padding), S stage buffers in flight (cp.async). Warp w takes rows 32 (w & 3) .. + 31 of the block's MF_BM (two
+// 16-row tiles) and chunks 4 (w >> 2) .. + 3 of each stage (its "k-warp"); lane (g, t) unpacks chunk c = 4 (w >> 2)
+// + t of rows g and g + 8 of each tile (unpack<T>, 32 values) and gives its values 4s .. 4s + 3 to k-step s = 0..7 as
+// the fragment's k positions 2t, 2t + 1 (values 4s, 4s + 1) and 2t + 8, 2t + 9 (4s + 2, 4s + 3): the warp's k order
+// is permuted inside its steps, and the activations alike, which lane (g, t) reads as values 4s .. 4s + 3 of chunk c
+// of column 8 nb + g (one 16-byte load for steps s and s + 1). Weights are made as in mmq_f16 (code_pair_f16, then one
+// f16 fma with the chunk's d and m rounded to f16).
 // The two k-warps' sums meet in shared memory at the end (k-warp 0's + k-warp 1's). Split-k as mmq_f16's.
 // Launch rule (mmq_f16.mmq_f16, where mmq_f16.takes_small): NB = 1, 2, 4 or 8 (the fewest 8-column tiles holding
-// n), S = build.mmq_f16_small_stages(T, NB), block MF_THREADS, grid (ceil(m / MF_BM), ceil(n / (8 NB)), splits),
-// dynamic shared memory S x the stage's bytes (mmq_f16.small_smem_bytes; the kernel traps on less), two blocks per
-// SM at NB <= MFS_PAIR_NB; with splits > 1 then mmq_split_sum.
+// n); S stages and P blocks per SM as build.mmq_f16_small_plan(T, NB) says (two up to MFS_PAIR_NB tiles, and up to
+// MFS_PAIR_NB_LIGHT for build.MMQ_F16_SMALL_LIGHT's types where MFS_PAIR_MIN_STAGES stages fit); block MF_THREADS,
+// grid (ceil(m / MF_BM), ceil(n / (8 NB)), splits), dynamic shared memory S x the stage's bytes
+// (mmq_f16.small_smem_bytes; the kernel traps on less); with splits > 1 then mmq_split_sum.
 #define MFS_KT 256                       // k-values per stage
-#define MFS_XCHUNK 80                    // bytes per (column, chunk) of a stage's activations: 32 halves + 8 padding
-#define MFS_XCOL (8 * MFS_XCHUNK + 64)   // bytes per column: 44 16-byte slots (4 mod 8), so that a warp's 16-byte
-                                         // reads of (column g, chunk 4 kw + t) fall in distinct banks
+#define MFS_XCOL 512                     // bytes per column of a stage's activations: 32 slots of 16 bytes
 #define MFS_STAGES_MAX 4                 // stage buffers at most
 #define MFS_PAIR_NB 2                    // up to this many B tiles, two blocks per SM ...
-#define MFS_SMEM_PAIR (113 * 1024)       // ... each with at most this much shared memory (sm_90: 228 KB an SM)
+#define MFS_PAIR_NB_LIGHT 4              // ... and up to this many for the light types where ...
+#define MFS_PAIR_MIN_STAGES 3            // ... this many stages fit
+#define MFS_SMEM_PAIR (113 * 1024)       // two blocks per SM: each with at most this much shared memory (sm_90: 228 KB)
 #define MFS_SMEM_ONE (227 * 1024)        // one block per SM: at most this much
 
 template <int T, int NB> struct MfsStage {                     // a stage's bytes: raw units, then activations
@@ -240,13 +241,20 @@ template <int T, int NB> struct MfsStage {                     // a stage's byte
     static constexpr int raw = MF_BM * raw_ld, bytes = raw + 8 * NB * MFS_XCOL;
 };
 
-template <int T, int NB, int S>
-__global__ void __launch_bounds__(MF_THREADS, NB <= MFS_PAIR_NB ? 2 : 1)
+// Where slot s (values 8s .. 8s + 7) of a stage's activation column col lies, in 16-byte slots from the column's
+// start: bits 0-1 of s flipped by bit 3 of s and bit 0 of col, so that the 8 lanes (g, t) of a quarter-warp (columns
+// g = 2p, 2p + 1; chunks c = 4 kw + t: slots 4c + sp) read 8 distinct bank groups
+__device__ __forceinline__ int mfs_slot(int col, int s) {
+    return s ^ (((s >> 3) & 1) | ((col & 1) << 1));
+}
+
+template <int T, int NB, int S, int P>
+__global__ void __launch_bounds__(MF_THREADS, P)
 mmq_f16_small(const u8* __restrict__ w, const u16* __restrict__ x, float* __restrict__ y, int m, int n, int k,
               long long row_bytes, int split_stages) {
     PDL_WAIT();
     using L = MfsStage<T, NB>;
-    static_assert(S * L::bytes <= (NB <= MFS_PAIR_NB ? MFS_SMEM_PAIR : MFS_SMEM_ONE), "stages exceed shared memory");
+    static_assert(S * L::bytes <= (P == 2 ? MFS_SMEM_PAIR : MFS_SMEM_ONE), "stages exceed shared memory");
     static_assert(4 * 2 * NB * 4 * 32 * 4 <= S * L::bytes, "the k-warps' sums exceed the stage buffers");
     extern __shared__ __align__(16) u8 smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -270,11 +278,11 @@ mmq_f16_small(const u8* __restrict__ w, const u16* __restrict__ x, float* __rest
         u8* base = smem + buf * L::bytes;
         mf_load_raw<T, MFS_KT, L::raw_ld>(wb, boff, base, st, rows, (u32)row_bytes);
 #pragma unroll
-        for (int j = 0; j < (8 * NB * 32 + MF_THREADS - 1) / MF_THREADS; ++j) {   // (column, chunk, 16-byte piece)
+        for (int j = 0; j < (8 * NB * 32 + MF_THREADS - 1) / MF_THREADS; ++j) {   // (column, 16-byte slot)
             const int i = tid + MF_THREADS * j, col = i >> 5, kk = st * MFS_KT + (i & 31) * 8;
             if (i >= 8 * NB * 32) continue;
             const bool ok = col0 + col < n && kk < k;
-            cp_async16(base + L::raw + col * MFS_XCOL + ((i >> 2) & 7) * MFS_XCHUNK + (i & 3) * 16,
+            cp_async16(base + L::raw + col * MFS_XCOL + mfs_slot(col, i & 31) * 16,
                        ok ? xb + (u32)col * (u32)k + kk : x, ok ? 16 : 0);
         }
     };
@@ -312,12 +320,13 @@ mmq_f16_small(const u8* __restrict__ w, const u16* __restrict__ x, float* __rest
                     m2[i][h][q] = f16x2_of(s.m[q], s.m[q]);
                 }
             }
-        const u8* xb = base + L::raw + g * MFS_XCOL + c * MFS_XCHUNK;
+        const u8* xb = base + L::raw + g * MFS_XCOL + 4 * c * 16;   // column g's chunk c: slots 4c .. 4c + 3, each
+        const int flip = mfs_slot(g, 4 * c) & 3;                          // at 4c + (sp ^ flip)
 #pragma unroll
         for (int sp = 0; sp < 4; ++sp) {                       // steps 2 sp, 2 sp + 1: values 8 sp .. 8 sp + 7
             uint4 b[NB];
 #pragma unroll
-            for (int nb = 0; nb < NB; ++nb) b[nb] = *(const uint4*)(xb + nb * 8 * MFS_XCOL + 16 * sp);
+            for (int nb = 0; nb < NB; ++nb) b[nb] = *(const uint4*)(xb + nb * 8 * MFS_XCOL + 16 * (sp ^ flip));
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int s = 2 * sp + e, half = s >> 2;
