@@ -443,7 +443,7 @@ mmvq_q4_K_pairs(MMVQ_PARAMS) {
 #define MMVQ6_MIN_BLOCKS_EXACT 6  // activations (80 registers, no spills; at 8 blocks, 64 registers, it spilled)
 #define MMVQ6_NEG32 0xE0E0E0E0    // -32 in each byte
 
-// The global address of span sp of a row (its first block), which the row's staged copy starts at, rounded down to 16.
+// The global address of span sp of a row (its first block); the row's staged copy starts at it rounded down to 16.
 __device__ __forceinline__ unsigned long long mmvq6_span(const u8* row, int sp) {
     return (unsigned long long)(row + (long long)sp * MMVQ6_SPAN * 210);
 }
