@@ -76,12 +76,13 @@ def test_launch_rules_read_the_kernels_constants():
         stages = f[f"MF_STAGES_{bn}"]
         layout = f["MF_BM"] * f["MF_LD"] * 2 + stages * (f["MF_BM"] * f["MF_RAW_LD"] + bn * f["MF_LD"] * 2)
         assert mmq_f16.SMEM_BYTES[bn] == layout <= 227 * 1024, bn               # sm_90's most for one block
+    assert f["MFS_XCOL"] == 256 * 2              # mmq_f16_small: a column's 256 f16 activations a stage, unpadded
     for t in build.QTYPES.values():              # mmq_f16_small: per stage 128 rows' raw units, then the activations
         qk, nbytes = build.QTRAITS[t]
         unit = nbytes * max(qk, 256) // qk                           # bytes of a stage's 256 values
         for nb in build.MMQ_F16_SMALL_NB:
             stages, stage, per_sm = build.mmq_f16_small_plan(t, nb)
-            raw_ld, rest = divmod(stage - 8 * nb * 512, f["MF_BM"])      # 256 f16 activations a column
+            raw_ld, rest = divmod(stage - 8 * nb * f["MFS_XCOL"], f["MF_BM"])
             assert rest == 0 and raw_ld % 16 == 0 and unit + 15 <= raw_ld <= unit + 30, (t, nb)   # 16-byte lines
             smem = mmq_f16.small_smem_bytes(t, nb)
             assert 2 <= stages <= f["MFS_STAGES_MAX"] and smem == stages * stage
@@ -89,7 +90,7 @@ def test_launch_rules_read_the_kernels_constants():
             # two blocks an SM at up to 2 tiles; at 4 for the light types with three stages; never at 8
             light = t in {build.QTYPES[name] for name in build.MMQ_F16_SMALL_LIGHT}
             assert per_sm == (2 if nb <= 2 or (nb == 4 and light and stages >= 3) else 1), (t, nb)
-    assert build.mmq_f16_small_plan(build.QTYPES["T_Q4_K"], 4)[2] == 2         # the 8B's gate / up at 32 columns
+    assert build.mmq_f16_small_plan(build.QTYPES["T_Q4_K"], 4).per_sm == 2     # the 8B's gate / up at 32 columns
 
 
 def test_decode_attention_takes_tensor_cores_on_an_f16_cache():
